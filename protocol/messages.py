@@ -1,0 +1,224 @@
+"""Calls, results and verification records, and their orjson encoding.
+
+Records are slotted dataclasses: orjson serialises them natively (no ``to_dict``
+round trip), which keeps the batched path at a few microseconds per call.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from protocol.errors import ErrorKind, ProtocolError
+
+MAX_ID_LENGTH = 256
+
+
+def new_call_id() -> str:
+    """A fresh, globally unique call id (the idempotency key of one call)."""
+    return uuid.uuid4().hex
+
+
+def new_session_id() -> str:
+    """A fresh session id; one per trajectory."""
+    return "s-" + uuid.uuid4().hex
+
+
+@dataclass(slots=True)
+class Call:
+    """One tool invocation. ``call_id`` is chosen by the client and is the idempotency key."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    session: str | None = None
+
+
+@dataclass(slots=True)
+class ErrorInfo:
+    kind: ErrorKind
+    message: str
+
+
+@dataclass(slots=True)
+class Result:
+    """The outcome of one call: MCP content blocks, optional structured output, or an error."""
+
+    call_id: str
+    content: list[dict[str, Any]] = field(default_factory=list)
+    structured: Any = None
+    is_error: bool = False
+    error: ErrorInfo | None = None
+    elapsed_ms: float = 0.0
+    cached: bool = False
+
+    @classmethod
+    def failure(cls, call_id: str, kind: ErrorKind, message: str, elapsed_ms: float = 0.0) -> Result:
+        return cls(
+            call_id=call_id,
+            content=[{"type": "text", "text": f"Error ({kind.value}): {message}"}],
+            is_error=True,
+            error=ErrorInfo(kind, message),
+            elapsed_ms=elapsed_ms,
+        )
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined: what a model sees as the observation."""
+        return "\n".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+
+@dataclass(slots=True)
+class VerifyRequest:
+    """Score one trajectory. ``response`` is the final model text; ``messages`` the chat, if any."""
+
+    verifier: str
+    ground_truth: Any = None
+    response: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    session: str | None = None
+    arguments: dict[str, Any] = field(default_factory=dict)  # verifier options (weights, rubric)
+    request_id: str | None = None
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    score: float
+    components: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    request_id: str | None = None
+    is_error: bool = False
+    error: ErrorInfo | None = None
+
+
+def encode(obj: Any) -> bytes:
+    """Serialise records, lists and dicts of them to JSON bytes."""
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+def _load(body: bytes | str) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"body is not valid JSON: {exc}") from None
+
+
+def _list_field(data: Any, key: str) -> list[Any]:
+    if not isinstance(data, dict):
+        raise ProtocolError(f'body must be a JSON object with a "{key}" list, got {type(data).__name__}')
+    items = data.get(key)
+    if not isinstance(items, list):
+        raise ProtocolError(f'"{key}" must be a list, got {type(items).__name__}')
+    return items
+
+
+def _id(value: Any, where: str, *, required: bool) -> str | None:
+    if value is None:
+        if required:
+            raise ProtocolError(f"{where} is missing")
+        return None
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LENGTH:
+        raise ProtocolError(f"{where} must be a non-empty string of at most {MAX_ID_LENGTH} characters")
+    return value
+
+
+def call_from_dict(item: Any, index: int = 0) -> Call:
+    where = f"calls[{index}]"
+    if not isinstance(item, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(item).__name__}")
+    call_id = _id(item.get("call_id"), f"{where}.call_id", required=True)
+    name = item.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"{where}.name must be a non-empty string")
+    arguments = item.get("arguments")
+    if arguments is None:
+        arguments = {}
+    elif not isinstance(arguments, dict):
+        raise ProtocolError(f"{where}.arguments must be an object, got {type(arguments).__name__}")
+    session = _id(item.get("session"), f"{where}.session", required=False)
+    return Call(call_id, name, arguments, session)  # type: ignore[arg-type]
+
+
+def decode_calls(body: bytes | str) -> list[Call]:
+    """Parse ``{"calls": [...]}``; raises ProtocolError naming the first bad field."""
+    return [call_from_dict(item, i) for i, item in enumerate(_list_field(_load(body), "calls"))]
+
+
+def _error_from(value: Any) -> ErrorInfo | None:
+    if not value:
+        return None
+    try:
+        kind = ErrorKind(value.get("kind"))
+    except ValueError:
+        kind = ErrorKind.TOOL_ERROR
+    return ErrorInfo(kind, str(value.get("message", "")))
+
+
+def result_from_dict(item: dict[str, Any]) -> Result:
+    return Result(
+        call_id=item["call_id"],
+        content=item.get("content") or [],
+        structured=item.get("structured"),
+        is_error=bool(item.get("is_error")),
+        error=_error_from(item.get("error")),
+        elapsed_ms=float(item.get("elapsed_ms") or 0.0),
+        cached=bool(item.get("cached")),
+    )
+
+
+def decode_results(body: bytes | str) -> list[Result]:
+    return [result_from_dict(item) for item in _list_field(_load(body), "results")]
+
+
+def verify_request_from_dict(item: Any, index: int = 0) -> VerifyRequest:
+    where = f"requests[{index}]"
+    if not isinstance(item, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(item).__name__}")
+    name = item.get("verifier")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"{where}.verifier must be a non-empty string")
+    response = item.get("response")
+    if response is not None and not isinstance(response, str):
+        raise ProtocolError(f"{where}.response must be a string")
+    messages = item.get("messages")
+    if messages is not None and not (
+        isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+    ):
+        raise ProtocolError(f"{where}.messages must be a list of message objects")
+    if response is None and messages is None:
+        raise ProtocolError(f'{where} needs "response" (final text) or "messages"')
+    arguments = item.get("arguments") or {}
+    if not isinstance(arguments, dict):
+        raise ProtocolError(f"{where}.arguments must be an object")
+    return VerifyRequest(
+        verifier=name,
+        ground_truth=item.get("ground_truth"),
+        response=response,
+        messages=messages,
+        session=_id(item.get("session"), f"{where}.session", required=False),
+        arguments=arguments,
+        request_id=_id(item.get("request_id"), f"{where}.request_id", required=False),
+    )
+
+
+def decode_verify_requests(body: bytes | str) -> list[VerifyRequest]:
+    items = _list_field(_load(body), "requests")
+    return [verify_request_from_dict(item, i) for i, item in enumerate(items)]
+
+
+def verify_result_from_dict(item: dict[str, Any]) -> VerifyResult:
+    return VerifyResult(
+        score=float(item.get("score") or 0.0),
+        components={k: float(v) for k, v in (item.get("components") or {}).items()},
+        details=item.get("details") or {},
+        request_id=item.get("request_id"),
+        is_error=bool(item.get("is_error")),
+        error=_error_from(item.get("error")),
+    )
+
+
+def decode_verify_results(body: bytes | str) -> list[VerifyResult]:
+    return [verify_result_from_dict(item) for item in _list_field(_load(body), "results")]
