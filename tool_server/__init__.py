@@ -1,0 +1,1 @@
+"""The tool server: MCP endpoint, batched HTTP API, executor, registry."""

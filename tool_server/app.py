@@ -1,0 +1,128 @@
+"""Compose the Starlette app: registry → executor → HTTP API + MCP endpoint, with middleware."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from tool_server.auth import AuthMiddleware, BodyLimitMiddleware, load_tokens
+from tool_server.config import Config, ConfigError
+from tool_server.executor import Executor
+from tool_server.http_api import HttpApi, error_response
+from tool_server.mcp_endpoint import McpEndpoint
+from tool_server.metrics import Metrics
+from tool_server.registry import Registry
+from tool_server.retrieve import RetrieveEndpoint
+
+log = logging.getLogger("tool_server")
+
+
+def build_registry(config: Config) -> Registry:
+    registry = Registry()
+    for spec in config.tools:
+        if spec.enabled:
+            registry.add_spec(spec, default_timeout_s=config.limits.default_timeout_s)
+    for spec in config.verifiers:
+        if spec.enabled:
+            registry.add_spec(spec, verifier=True, default_timeout_s=config.limits.default_timeout_s)
+    registry.define_toolsets(config.toolsets)
+    return registry
+
+
+def build_upstreams(config: Config) -> list[Any]:
+    if not config.mcpServers:
+        return []
+    from tool_server.upstream import UpstreamServer
+
+    return [
+        UpstreamServer(name, dict(spec), separator=config.upstream_separator)
+        for name, spec in config.mcpServers.items()
+    ]
+
+
+def create_app(config: Config, *, bind_host: str | None = None, environ: dict[str, str] | None = None) -> Starlette:
+    """The whole server as one ASGI app. ``bind_host`` decides the MCP Host checks."""
+    bind_host = bind_host or config.server.host
+    registry = build_registry(config)
+    metrics = Metrics()
+    executor = Executor(registry, config, metrics)
+    api = HttpApi(executor, default_toolset=config.default_toolset, retry_after_s=config.limits.retry_after_s)
+    tokens = load_tokens(config.auth, environ)
+    upstreams = build_upstreams(config)
+    routes: list[Any] = list(api.routes())
+    mcp = McpEndpoint(executor, config, bind_host) if config.mcp.enabled else None
+    if mcp is not None:
+        routes += [Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),
+                   Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"])]
+    if config.retrieve.tool and config.retrieve.tool in registry:
+        routes.append(Route("/retrieve", RetrieveEndpoint(executor, api, config.retrieve.tool,
+                                                            config.retrieve.default_topk), methods=["POST"]))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await executor.start()
+        for upstream in upstreams:
+            await upstream.start()
+            _register_upstream(registry, upstream, config, executor)
+            api.readiness_checks.append(_upstream_check(upstream, metrics))
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp is not None:
+                await stack.enter_async_context(mcp.session_manager.run())
+            api.ready = True
+            log.info("tool server ready: %d tools", len(registry.entries))
+            try:
+                yield
+            finally:
+                api.ready = False
+                await executor.drain(config.server.shutdown_grace_s)
+        for upstream in upstreams:
+            await upstream.stop()
+        await executor.stop()
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", "internal server error (a bug in toolfactory; see the server log)")
+
+    app = Starlette(
+        routes=routes,
+        middleware=[
+            Middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes),
+            Middleware(AuthMiddleware, tokens=tokens, public_paths=config.auth.public_paths),
+        ],
+        lifespan=lifespan,
+        exception_handlers={Exception: on_error},
+    )
+    app.state.executor = executor
+    app.state.registry = registry
+    app.state.tokens = tokens
+    return app
+
+
+def _register_upstream(registry: Registry, upstream: Any, config: Config, executor: Executor) -> None:
+    for descriptor in upstream.tools:
+        if descriptor["name"] in registry:
+            raise ConfigError(f"upstream tool {descriptor['name']!r} clashes with a configured tool")
+        local = descriptor["name"].split(config.upstream_separator, 1)[-1]
+
+        async def call(call: Any, timeout_s: float, _local: str = local) -> Any:
+            return await upstream.call(_local, call.arguments, timeout_s)
+
+        registry.add_upstream_tool(descriptor, upstream, call)
+
+
+def _upstream_check(upstream: Any, metrics: Metrics) -> Any:
+    def check() -> tuple[str, bool, dict[str, Any]]:
+        status = upstream.status()
+        metrics.upstream_up.labels(upstream.name).set(1 if upstream.healthy else 0)
+        metrics.upstream_restarts.labels(upstream.name).set(status.get("restarts", 0))
+        return f"upstream:{upstream.name}", bool(upstream.healthy), status
+
+    return check

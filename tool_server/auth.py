@@ -1,0 +1,161 @@
+"""Bearer-token auth and request-size limits, as plain ASGI middleware (cheap per request)."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tool_server.config import AuthConfig, ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    secret: str
+    toolsets: frozenset[str] | None  # None: every tool
+
+
+def parse_token_entries(text: str, source: str) -> list[Token]:
+    """``secret`` or ``secret:toolsetA+toolsetB``; entries separated by commas or newlines."""
+    tokens = []
+    for raw in text.replace(",", "\n").splitlines():
+        entry = raw.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        secret, _, scopes = entry.partition(":")
+        secret = secret.strip()
+        if len(secret) < 16:
+            raise ConfigError(f"{source}: a token must be at least 16 characters long (got {len(secret)})")
+        toolsets = frozenset(s.strip() for s in scopes.split("+") if s.strip()) or None
+        tokens.append(Token(secret, toolsets))
+    return tokens
+
+
+def load_tokens(config: AuthConfig, environ: dict[str, str] | None = None) -> list[Token]:
+    environ = dict(os.environ) if environ is None else environ
+    tokens = parse_token_entries(environ.get(config.tokens_env, ""), f"${config.tokens_env}")
+    if config.tokens_file:
+        path = Path(config.tokens_file)
+        try:
+            tokens += parse_token_entries(path.read_text(), str(path))
+        except FileNotFoundError:
+            raise ConfigError(f"auth.tokens_file {path} does not exist") from None
+    return tokens
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = orjson.dumps(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+            + (headers or []),
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class AuthMiddleware:
+    """Checks ``Authorization: Bearer``; stores the token's allowed toolsets in ``scope["state"]``."""
+
+    def __init__(self, app: ASGIApp, tokens: list[Token], public_paths: list[str]) -> None:
+        self.app = app
+        self.tokens = tokens
+        self.public = set(public_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.tokens or scope["path"] in self.public:
+            await self.app(scope, receive, send)
+            return
+        token = self._match(scope)
+        if token is None:
+            await _send_json(
+                send,
+                401,
+                {"error": {"kind": "unauthorized", "message": "missing or invalid bearer token "
+                           "(send 'Authorization: Bearer <token>')"}},
+                [(b"www-authenticate", b'Bearer realm="toolfactory"')],
+            )
+            return
+        scope.setdefault("state", {})["toolsets"] = token.toolsets
+        await self.app(scope, receive, send)
+
+    def _match(self, scope: Scope) -> Token | None:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, secret = value.decode("latin-1").partition(" ")
+                if scheme.lower() != "bearer":
+                    return None
+                secret = secret.strip()
+                found = None
+                for token in self.tokens:  # compare against all: no timing hint of which matched
+                    if hmac.compare_digest(token.secret, secret):
+                        found = token
+                return found
+        return None
+
+
+class BodyLimitMiddleware:
+    """Rejects bodies over ``max_bytes`` with 413, by Content-Length or while streaming."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    await _send_json(send, 400, {"error": {"kind": "bad_request", "message": "bad Content-Length"}})
+                    return
+                if too_big:
+                    await self._reject(send)
+                    return
+        received = 0
+        limit = self.max_bytes
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _TooLarge:
+            await self._reject(send)
+
+    async def _reject(self, send: Send) -> None:
+        await _send_json(
+            send,
+            413,
+            {"error": {"kind": "too_large", "message": f"request body exceeds the limit of {self.max_bytes} bytes; "
+                       "split the batch into smaller requests"}},
+        )
+
+
+class _TooLarge(Exception):
+    pass

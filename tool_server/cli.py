@@ -1,0 +1,105 @@
+"""``tool-server``: serve the tools, list them, or check a config file."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import orjson
+
+from tool_server.auth import is_loopback, load_tokens
+from tool_server.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+
+
+def _add_config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"YAML config file (default: the built-in {DEFAULT_CONFIG_PATH.name}: built-in tools and corpus). "
+        "Any key can be overridden by TOOLFACTORY__SECTION__KEY environment variables.",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tool-server",
+        description="toolfactory tool server: MCP at /mcp, batched HTTP API at /v1/calls, verifiers at /v1/verify.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server (uvicorn, one worker)")
+    _add_config_arg(serve)
+    serve.add_argument("--host", default=None, help="bind address (default from config: 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default from config: 8000; 0 = any free port)")
+    serve.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow binding a non-loopback address without auth tokens (never do this on a shared network)",
+    )
+    serve.add_argument("--log-level", default=None, help="uvicorn/server log level (default: info)")
+
+    tools = sub.add_parser("tools", help="list the configured tools and their schemas as JSON")
+    _add_config_arg(tools)
+    tools.add_argument("--toolset", default=None, help="only this toolset")
+
+    check = sub.add_parser("check-config", help="load the config and import every tool; exit 1 on any error")
+    _add_config_arg(check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+        if args.command == "serve":
+            return _serve(config, args)
+        from tool_server.app import build_registry
+
+        registry = build_registry(config)
+        if args.command == "tools":
+            sys.stdout.write(orjson.dumps(registry.descriptors(args.toolset), option=orjson.OPT_INDENT_2).decode())
+            sys.stdout.write("\n")
+        else:
+            print(f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}")
+        return 0
+    except ConfigError as exc:
+        print(f"tool-server: configuration error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from tool_server.app import create_app
+
+    host = args.host or config.server.host
+    port = config.server.port if args.port is None else args.port
+    insecure = args.insecure or config.server.insecure
+    if not is_loopback(host) and not load_tokens(config.auth) and not insecure:
+        print(
+            f"tool-server: refusing to bind {host} without auth. Set tokens in ${config.auth.tokens_env} "
+            "(e.g. TOOLFACTORY_TOKENS=<secret of 16+ chars>) or auth.tokens_file, or pass --insecure.",
+            file=sys.stderr,
+        )
+        return 2
+    log_level = (args.log_level or config.server.log_level).lower()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config, bind_host=host)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=config.server.shutdown_grace_s,
+        limit_concurrency=None,
+        backlog=4096,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Server configuration: one YAML file, every key overridable from the environment.
+
+Environment overrides use ``TOOLFACTORY__`` plus the key path in upper case joined
+by double underscores, e.g. ``TOOLFACTORY__LIMITS__MAX_CONCURRENCY=512`` or
+``TOOLFACTORY__AUTH__TOKENS_FILE=/run/secrets/tokens``. Values are parsed as YAML
+scalars, so numbers and booleans keep their type.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
+ENV_PREFIX = "TOOLFACTORY__"
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key and what is expected."""
+
+
+@dataclass
+class LimitsConfig:
+    max_concurrency: int = 512  # tool calls running at once, all tools together
+    max_queue: int = 16384  # calls admitted but waiting for a slot; beyond it: overloaded / 429
+    max_calls_per_batch: int = 4096  # calls in one /v1/calls POST
+    max_request_bytes: int = 16 * 1024 * 1024  # body size limit for every endpoint
+    max_output_chars: int = 32768  # text returned per call; longer output is truncated with a marker
+    max_structured_bytes: int = 1024 * 1024  # structured output per call; larger is dropped with a note
+    default_timeout_s: float = 30.0  # per-call timeout for tools that do not set their own
+    max_timeout_s: float = 600.0  # ceiling on any tool's timeout
+    thread_pool_size: int = 32  # worker threads for blocking (sync) tools
+    retry_after_s: int = 1  # Retry-After header sent with a 429
+
+
+@dataclass
+class IdempotencyConfig:
+    ttl_s: float = 900.0  # how long a finished call_id's result is kept for retries
+    max_entries: int = 200_000
+
+
+@dataclass
+class CacheConfig:
+    enabled: bool = True  # result cache for tools marked cacheable
+    max_entries: int = 50_000
+    ttl_s: float = 3600.0
+
+
+@dataclass
+class SessionsConfig:
+    ttl_s: float = 900.0  # idle time after which a session is closed
+    max_sessions: int = 10_000
+    sweep_interval_s: float = 10.0
+
+
+@dataclass
+class AuthConfig:
+    tokens_env: str = "TOOLFACTORY_TOKENS"  # "tok1" or "tok1:toolsetA+toolsetB" entries, comma separated
+    tokens_file: str | None = None  # one entry per line, same syntax; '#' starts a comment
+    public_paths: list[str] = field(default_factory=lambda: ["/healthz", "/readyz"])
+
+
+@dataclass
+class McpConfig:
+    enabled: bool = True
+    allowed_hosts: list[str] = field(default_factory=list)  # extra Host values (e.g. "tools.internal:*")
+    allowed_origins: list[str] = field(default_factory=list)  # extra Origin values for browser clients
+    server_name: str = "toolfactory"
+
+
+@dataclass
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    insecure: bool = False  # allow a non-loopback bind without auth tokens
+    shutdown_grace_s: float = 20.0  # in-flight calls get this long to finish on SIGTERM
+    log_level: str = "info"
+
+
+@dataclass
+class ToolSpec:
+    """One tool (or verifier) entry: an import path plus overrides of its metadata."""
+
+    target: str  # "package.module:function" or "package.module:Class"
+    name: str | None = None  # defaults to the tool's own name
+    args: dict[str, Any] = field(default_factory=dict)  # constructor kwargs for a class
+    toolsets: list[str] = field(default_factory=list)
+    timeout_s: float | None = None
+    max_concurrency: int | None = None
+    cacheable: bool | None = None
+    description: str | None = None
+    enabled: bool = True
+
+
+@dataclass
+class RetrieveConfig:
+    """The Search-R1 compatible ``POST /retrieve`` endpoint, served by a search tool."""
+
+    tool: str | None = "search"  # None disables the endpoint
+    default_topk: int = 3
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    sessions: SessionsConfig = field(default_factory=SessionsConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    mcp: McpConfig = field(default_factory=McpConfig)
+    retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
+    tools: list[ToolSpec] = field(default_factory=list)
+    verifiers: list[ToolSpec] = field(default_factory=list)
+    toolsets: dict[str, list[str]] = field(default_factory=dict)  # extra named subsets of tool names
+    default_toolset: str | None = "default"  # what /mcp and /v1/tools list; None = all tools
+    mcpServers: dict[str, dict[str, Any]] = field(default_factory=dict)  # noqa: N815 (the MCP clients' key)
+    upstream_separator: str = "."  # upstream tools appear as "<server><sep><tool>"
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Build a dataclass field value from YAML data, with errors that name the key."""
+    origin = getattr(annotation, "__origin__", None)
+    if is_dataclass(annotation):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return _build(annotation, value, where)
+    if origin is list:
+        (item_type,) = annotation.__args__
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
+        return [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        return value
+    if annotation in (int, float) and isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if annotation is float and isinstance(value, int):
+        return float(value)
+    if annotation in (int, float, str, bool) and not isinstance(value, annotation):
+        raise ConfigError(f"{where}: expected {annotation.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], where: str) -> Any:
+    hints = get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    unknown = set(data) - known
+    if unknown:
+        raise ConfigError(f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known keys: {sorted(known)}")
+    kwargs = {}
+    for key, value in data.items():
+        annotation = hints[key]
+        # Optional[X] → X when a value is present
+        args = getattr(annotation, "__args__", ())
+        if value is not None and type(None) in args and len(args) == 2:
+            annotation = next(a for a in args if a is not type(None))
+        path = f"{where}.{key}" if where else key
+        kwargs[key] = None if value is None else _coerce(value, annotation, path)
+    return cls(**kwargs)
+
+
+def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> None:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        if path[0] == "mcpservers":
+            path[0] = "mcpServers"
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{name}: {part} is not a mapping in the config")
+        node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Read the YAML file (the built-in default when ``path`` is None) and apply env overrides."""
+    source = Path(path) if path else DEFAULT_CONFIG_PATH
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {source}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {source} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {source} must contain a mapping at the top level")
+    return config_from_dict(data, environ)
+
+
+def config_from_dict(data: dict[str, Any], environ: dict[str, str] | None = None) -> Config:
+    data = dict(data)
+    _apply_env(data, dict(os.environ) if environ is None else environ)
+    return _build(Config, data, "")

@@ -1,0 +1,168 @@
+"""The batched HTTP API for trainers: /v1/calls, /v1/verify, /v1/tools, sessions, health.
+
+Bodies are parsed with orjson into protocol records; every bad input gets a 4xx
+JSON error ``{"error": {"kind", "message"}}`` that says what to fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from protocol import ErrorKind, ProtocolError, decode_calls, decode_verify_requests, encode, new_session_id
+from protocol.messages import MAX_ID_LENGTH
+from tool_server.executor import Executor, Overloaded
+from tool_server.openapi import openapi_spec
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(encode(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(status: int, kind: ErrorKind | str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": {"kind": str(kind), "message": message}}, status, headers)
+
+
+class HttpApi:
+    """Route handlers bound to one executor; ``allowed_tools`` maps a token's toolsets to names."""
+
+    def __init__(self, executor: Executor, *, default_toolset: str | None, retry_after_s: int) -> None:
+        self.executor = executor
+        self.registry = executor.registry
+        self.default_toolset = default_toolset
+        self.retry_after = str(retry_after_s)
+        self.max_batch = executor.config.limits.max_calls_per_batch
+        self.ready = False
+        self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
+
+    def allowed_tools(self, request: Request) -> set[str] | None:
+        toolsets = request.scope.get("state", {}).get("toolsets")
+        if toolsets is None:
+            return None
+        return {name for ts in toolsets for name in self.registry.names_in(ts)}
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/calls", self.calls, methods=["POST"]),
+            Route("/v1/verify", self.verify, methods=["POST"]),
+            Route("/v1/tools", self.tools, methods=["GET"]),
+            Route("/v1/sessions", self.create_session, methods=["POST"]),
+            Route("/v1/sessions/{session_id}", self.release_session, methods=["DELETE"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/readyz", self.readyz, methods=["GET"]),
+            Route("/metrics", self.metrics, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+        ]
+
+    async def calls(self, request: Request) -> Response:
+        try:
+            calls = decode_calls(await request.body())
+        except ProtocolError as exc:
+            return error_response(400, exc.kind, exc.message)
+        if len(calls) > self.max_batch:
+            return error_response(
+                413, ErrorKind.TOO_LARGE, f"{len(calls)} calls in one batch; the limit is {self.max_batch}"
+            )
+        self.executor.metrics.batches.labels("calls").inc()
+        self.executor.metrics.batch_size.observe(len(calls))
+        try:
+            results = await self.executor.run_batch(calls, self.allowed_tools(request))
+        except Overloaded as exc:
+            self.executor.metrics.rejected.inc()
+            return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
+        return json_response({"results": results})
+
+    async def verify(self, request: Request) -> Response:
+        try:
+            requests = decode_verify_requests(await request.body())
+        except ProtocolError as exc:
+            return error_response(400, exc.kind, exc.message)
+        if len(requests) > self.max_batch:
+            return error_response(
+                413, ErrorKind.TOO_LARGE, f"{len(requests)} requests in one batch; the limit is {self.max_batch}"
+            )
+        self.executor.metrics.batches.labels("verify").inc()
+        try:
+            results = await self.executor.verify_batch(requests, self.allowed_tools(request))
+        except Overloaded as exc:
+            self.executor.metrics.rejected.inc()
+            return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
+        return json_response({"results": results})
+
+    async def tools(self, request: Request) -> Response:
+        toolset = request.query_params.get("toolset") or self.default_toolset
+        if toolset == "*" or (toolset == self.default_toolset and toolset not in self.registry.toolsets):
+            toolset = None
+        if toolset is not None and toolset not in self.registry.toolsets:
+            known = ", ".join(sorted(self.registry.toolsets)) or "none"
+            return error_response(404, ErrorKind.BAD_REQUEST, f"no toolset named {toolset!r}; known toolsets: {known}")
+        allowed = self.allowed_tools(request)
+        tools = [d for d in self.registry.descriptors(toolset) if allowed is None or d["name"] in allowed]
+        return json_response({"tools": tools, "toolset": toolset})
+
+    async def create_session(self, request: Request) -> Response:
+        body = await request.body()
+        session_id = None
+        if body.strip():
+            try:
+                data = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                return error_response(400, ErrorKind.BAD_REQUEST, f"body is not valid JSON: {exc}")
+            session_id = data.get("session") if isinstance(data, dict) else None
+            if session_id is not None and (
+                not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LENGTH
+            ):
+                return error_response(400, ErrorKind.BAD_REQUEST, "session must be a non-empty string")
+        try:
+            state = self.executor.sessions.create(session_id or new_session_id())
+        except Exception as exc:  # ToolError(OVERLOADED) when the session table is full
+            return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
+        self.executor.metrics.sessions.set(len(self.executor.sessions))
+        return json_response({"session": state.id, "ttl_s": self.executor.sessions.ttl_s}, 201)
+
+    async def release_session(self, request: Request) -> Response:
+        session_id = request.path_params["session_id"]
+        released = await self.executor.sessions.release(session_id)
+        self.executor.metrics.sessions.set(len(self.executor.sessions))
+        if not released:
+            return error_response(404, ErrorKind.UNKNOWN_SESSION, f"no open session {session_id!r} (expired or released)")
+        return json_response({"released": session_id})
+
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        checks = {}
+        healthy = self.ready
+        for check in self.readiness_checks:
+            name, ok, detail = check()
+            checks[name] = {"ok": ok, **detail}
+            healthy = healthy and ok
+        status = 200 if healthy else 503
+        return json_response(
+            {
+                "status": "ready" if healthy else "not ready",
+                "tools": len(self.registry.entries),
+                "in_flight": self.executor.admitted,
+                "checks": checks,
+            },
+            status,
+        )
+
+    async def metrics(self, request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        m = self.executor.metrics
+        m.in_flight.set(self.executor.running)
+        m.queue_depth.set(max(0, self.executor.admitted - self.executor.running))
+        m.sessions.set(len(self.executor.sessions))
+        for check in self.readiness_checks:
+            check()  # refreshes upstream gauges
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi(self, request: Request) -> Response:
+        return json_response(openapi_spec())

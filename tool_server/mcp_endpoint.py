@@ -1,0 +1,130 @@
+"""The MCP endpoint: the official SDK's low-level server over our registry and executor.
+
+``/mcp`` serves the default toolset and ``/mcp/{toolset}`` any named one. The SDK
+answers both the stateless 2026-07-28 protocol and the older handshake versions;
+we run it stateless with JSON responses (no server-side MCP sessions needed: our
+trajectory session id travels in ``_meta["toolfactory/session"]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+
+from protocol import META_KEY, Call, ErrorKind, Result, new_call_id
+from tool_server.auth import is_loopback
+from tool_server.config import Config
+from tool_server.executor import Executor
+
+SESSION_META_KEY = f"{META_KEY}/session"  # _meta key carrying the trajectory session id
+CALL_ID_META_KEY = f"{META_KEY}/call_id"  # optional client-chosen idempotency key
+
+
+def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:
+    """Host/Origin checks against DNS rebinding: strict on loopback, configured otherwise.
+
+    On a non-loopback bind the reachable host names are unknown to us; bearer auth
+    (required there) is what protects the server, and ``mcp.allowed_hosts`` turns
+    the Host check on for those names.
+    """
+    hosts = list(config.mcp.allowed_hosts)
+    origins = list(config.mcp.allowed_origins)
+    if is_loopback(bind_host):
+        hosts += ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"]
+        origins += ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=bool(hosts), allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+def _to_call_tool_result(result: Result) -> types.CallToolResult:
+    structured = result.structured
+    if structured is not None and not isinstance(structured, dict):
+        structured = {"result": structured}
+    meta: dict[str, Any] = {"call_id": result.call_id, "elapsed_ms": result.elapsed_ms, "cached": result.cached}
+    if result.error is not None:
+        meta["error_kind"] = result.error.kind.value
+    return types.CallToolResult.model_validate(
+        {
+            "content": result.content or [{"type": "text", "text": ""}],
+            "structuredContent": structured,
+            "isError": result.is_error,
+            "_meta": {META_KEY: meta},
+        }
+    )
+
+
+class McpEndpoint:
+    def __init__(self, executor: Executor, config: Config, bind_host: str) -> None:
+        self.executor = executor
+        self.registry = executor.registry
+        self.default_toolset = config.default_toolset
+        self._tool_cache: dict[str | None, list[types.Tool]] = {}
+        self.server = Server(
+            config.mcp.server_name,
+            version="0.1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+        self.session_manager = StreamableHTTPSessionManager(
+            app=self.server,
+            json_response=True,
+            stateless=True,
+            security_settings=transport_security(config, bind_host),
+            max_request_body_size=config.limits.max_request_bytes,
+        )
+        self.asgi = StreamableHTTPASGIApp(self.session_manager)
+
+    def _scope(self, ctx: Any) -> tuple[str | None, set[str] | None]:
+        """The toolset named in the URL, and the tool names the caller's token allows."""
+        request = getattr(ctx, "request", None)
+        toolset = self.default_toolset
+        allowed = None
+        if request is not None:
+            toolset = request.path_params.get("toolset", toolset)
+            token_toolsets = request.scope.get("state", {}).get("toolsets")
+            if token_toolsets is not None:
+                allowed = {n for ts in token_toolsets for n in self.registry.names_in(ts)}
+        if toolset is not None and toolset not in self.registry.toolsets:
+            toolset = None if toolset == self.default_toolset else toolset
+        return toolset, allowed
+
+    def _visible(self, toolset: str | None, allowed: set[str] | None) -> list[str]:
+        names = self.registry.names_in(toolset) if toolset in self.registry.toolsets or toolset is None else []
+        return [n for n in names if allowed is None or n in allowed]
+
+    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        toolset, allowed = self._scope(ctx)
+        key = toolset if allowed is None else None
+        tools = self._tool_cache.get(key) if allowed is None else None
+        if tools is None:
+            tools = [
+                types.Tool.model_validate(self.registry.entries[n].descriptor()) for n in self._visible(toolset, allowed)
+            ]
+            if allowed is None:
+                self._tool_cache[key] = tools
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        toolset, allowed = self._scope(ctx)
+        visible = set(self._visible(toolset, allowed))
+        meta = params.meta or {}
+        call_id = meta.get(CALL_ID_META_KEY) if isinstance(meta.get(CALL_ID_META_KEY), str) else None
+        session = meta.get(SESSION_META_KEY)
+        if session is not None and (not isinstance(session, str) or not session or len(session) > 256):
+            return _to_call_tool_result(
+                Result.failure(call_id or "", ErrorKind.BAD_REQUEST, f"_meta[{SESSION_META_KEY!r}] must be a string")
+            )
+        call = Call(call_id or new_call_id(), params.name, params.arguments or {}, session)
+        if params.name in self.registry and params.name not in visible:
+            result = Result.failure(
+                call.call_id, ErrorKind.UNKNOWN_TOOL, f"tool {params.name!r} is not in this endpoint's toolset"
+            )
+        else:
+            result = await self.executor.run_one(call, allowed)
+        return _to_call_tool_result(result)

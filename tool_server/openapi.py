@@ -1,0 +1,180 @@
+"""OpenAPI 3.1 description of the HTTP API (the MCP endpoint is described by MCP itself)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+ERROR = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {"kind": {"type": "string"}, "message": {"type": "string"}},
+            "required": ["kind", "message"],
+        }
+    },
+    "required": ["error"],
+}
+ID = {"type": "string", "minLength": 1, "maxLength": 256}
+CALL = {
+    "type": "object",
+    "properties": {
+        "call_id": {**ID, "description": "Client-chosen unique id; the idempotency key."},
+        "name": {"type": "string", "minLength": 1, "description": "Tool name."},
+        "arguments": {"type": "object", "description": "Tool arguments, per the tool's inputSchema."},
+        "session": {**ID, "description": "Trajectory session id, for stateful tools."},
+    },
+    "required": ["call_id", "name"],
+}
+RESULT = {
+    "type": "object",
+    "properties": {
+        "call_id": {"type": "string"},
+        "content": {"type": "array", "items": {"type": "object"}, "description": "MCP content blocks."},
+        "structured": {"description": "Structured output, if the tool has any."},
+        "is_error": {"type": "boolean"},
+        "error": {
+            "type": ["object", "null"],
+            "properties": {
+                "kind": {
+                    "enum": [
+                        "unknown_tool", "invalid_arguments", "timeout", "tool_error", "overloaded", "cancelled",
+                        "unauthorized", "too_large", "bad_request", "unavailable", "unknown_session",
+                    ]
+                },
+                "message": {"type": "string"},
+            },
+        },
+        "elapsed_ms": {"type": "number"},
+        "cached": {"type": "boolean"},
+    },
+    "required": ["call_id", "content", "is_error"],
+}
+VERIFY_REQUEST = {
+    "type": "object",
+    "properties": {
+        "verifier": {"type": "string", "minLength": 1},
+        "response": {"type": "string", "description": "Final model output."},
+        "messages": {"type": "array", "items": {"type": "object"}},
+        "ground_truth": {},
+        "arguments": {"type": "object"},
+        "session": ID,
+        "request_id": ID,
+    },
+    "required": ["verifier"],
+}
+VERIFY_RESULT = {
+    "type": "object",
+    "properties": {
+        "score": {"type": "number"},
+        "components": {"type": "object"},
+        "details": {"type": "object"},
+        "request_id": {"type": ["string", "null"]},
+        "is_error": {"type": "boolean"},
+        "error": {"type": ["object", "null"]},
+    },
+    "required": ["score"],
+}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    text = {400: "Malformed body", 401: "Missing or bad token", 404: "Not found", 413: "Body or batch too large",
+            429: "Overloaded; retry after Retry-After seconds", 503: "Not ready"}
+    return {str(c): {"description": text[c], **_json(ERROR)} for c in codes}
+
+
+@cache
+def openapi_spec() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "toolfactory tool server", "version": "1"},
+        "paths": {
+            "/v1/calls": {
+                "post": {
+                    "summary": "Run a batch of tool calls; one result per call, in order",
+                    "requestBody": {"required": True, **_json({
+                        "type": "object", "properties": {"calls": {"type": "array", "items": CALL}},
+                        "required": ["calls"]})},
+                    "responses": {
+                        "200": {"description": "Results", **_json({
+                            "type": "object", "properties": {"results": {"type": "array", "items": RESULT}},
+                            "required": ["results"]})},
+                        **_errors(400, 401, 413, 429),
+                    },
+                }
+            },
+            "/v1/verify": {
+                "post": {
+                    "summary": "Score a batch of trajectories with named verifiers",
+                    "requestBody": {"required": True, **_json({
+                        "type": "object", "properties": {"requests": {"type": "array", "items": VERIFY_REQUEST}},
+                        "required": ["requests"]})},
+                    "responses": {
+                        "200": {"description": "Scores", **_json({
+                            "type": "object", "properties": {"results": {"type": "array", "items": VERIFY_RESULT}},
+                            "required": ["results"]})},
+                        **_errors(400, 401, 413, 429),
+                    },
+                }
+            },
+            "/v1/tools": {
+                "get": {
+                    "summary": "Tool descriptors (MCP Tool objects with _meta.toolfactory)",
+                    "parameters": [{"name": "toolset", "in": "query", "required": False, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {"description": "Tools", **_json({"type": "object", "properties": {
+                            "tools": {"type": "array", "items": {"type": "object"}}}, "required": ["tools"]})},
+                        **_errors(401, 404),
+                    },
+                }
+            },
+            "/v1/sessions": {
+                "post": {
+                    "summary": "Open a session (optional: choose its id)",
+                    "requestBody": {"required": False, **_json({"type": "object", "properties": {"session": ID}})},
+                    "responses": {
+                        "201": {"description": "Session", **_json({"type": "object", "properties": {
+                            "session": {"type": "string"}, "ttl_s": {"type": "number"}}, "required": ["session"]})},
+                        **_errors(400, 401, 429),
+                    },
+                }
+            },
+            "/v1/sessions/{session_id}": {
+                "delete": {
+                    "summary": "Release a session and everything it holds",
+                    "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {"description": "Released", **_json({"type": "object"})},
+                        **_errors(401, 404),
+                    },
+                }
+            },
+            "/retrieve": {
+                "post": {
+                    "summary": "Search-R1 compatible retrieval",
+                    "requestBody": {"required": True, **_json({
+                        "type": "object",
+                        "properties": {
+                            "queries": {"type": "array", "items": {"type": "string"}},
+                            "topk": {"type": "integer", "minimum": 1, "maximum": 100},
+                            "return_scores": {"type": "boolean"},
+                        },
+                        "required": ["queries"]})},
+                    "responses": {
+                        "200": {"description": "Documents per query", **_json({
+                            "type": "object", "properties": {"result": {"type": "array"}}, "required": ["result"]})},
+                        **_errors(400, 401, 404, 413, 429),
+                    },
+                }
+            },
+            "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive"}}}},
+            "/readyz": {"get": {"summary": "Readiness (tools started, upstreams healthy)",
+                                "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Metrics"}}}},
+        },
+    }

@@ -1,0 +1,273 @@
+"""The registry: tools and verifiers by name, their descriptors, and named toolsets.
+
+Entries are built once at start-up from the config: import the target, instantiate
+classes with their ``args``, derive schemas and a validator, apply metadata
+overrides. The executor then only does dictionary look-ups on the hot path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol import META_KEY, ToolMeta, VerifyRequest, get_tool_meta
+from protocol.tool import with_overrides
+from tool_server.config import ConfigError, ToolSpec
+from tool_server.schema import Signature, derive_signature
+
+VERIFIER_PREFIX = "verify_"
+VERIFIERS_TOOLSET = "verifiers"
+
+# JSON schema of a verifier's arguments on MCP (the VerifyRequest minus its name).
+VERIFY_INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "response": {"type": "string", "description": "The final model output to score."},
+        "messages": {"type": "array", "items": {"type": "object"}, "description": "The chat, if any."},
+        "ground_truth": {"description": "Reference answer(s) or task data (string, number, list, object)."},
+        "arguments": {"type": "object", "description": "Verifier options (weights, rubric, penalties)."},
+        "session": {"type": "string", "description": "Trajectory session id, for tool-verified rewards."},
+    },
+    "additionalProperties": False,
+}
+VERIFY_OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "score": {"type": "number"},
+        "components": {"type": "object", "additionalProperties": {"type": "number"}},
+        "details": {"type": "object"},
+    },
+    "required": ["score"],
+}
+
+
+@dataclass(eq=False)
+class ToolEntry:
+    """A servable tool: how to validate, call and describe it."""
+
+    name: str
+    meta: ToolMeta
+    description: str
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    validate: Callable[[dict[str, Any]], dict[str, Any]]
+    func: Callable[..., Any]
+    is_async: bool
+    context_param: str | None = None
+    request_param: str | None = None
+    toolsets: set[str] = field(default_factory=set)
+    instance: Any = None  # the object whose startup()/shutdown() the server calls
+    upstream: Any = None  # an UpstreamServer, for tools proxied from another MCP server
+
+    @property
+    def is_verifier(self) -> bool:
+        return self.meta.kind == "verifier"
+
+    def descriptor(self) -> dict[str, Any]:
+        """The MCP ``Tool`` object (as JSON) with our metadata under ``_meta``."""
+        tool: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+        }
+        if self.meta.title:
+            tool["title"] = self.meta.title
+        if self.output_schema:
+            tool["outputSchema"] = self.output_schema
+        tool["annotations"] = {
+            "idempotentHint": self.meta.idempotent,
+            "readOnlyHint": not self.meta.stateful,
+            "openWorldHint": self.meta.kind in ("model", "upstream"),
+        }
+        tool["_meta"] = {META_KEY: {**self.meta.to_dict(), "toolsets": sorted(self.toolsets)}}
+        return tool
+
+
+def import_target(target: str) -> Any:
+    """Import ``package.module:attribute`` with an error that says what to fix."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"tool target {target!r} must look like 'package.module:function_or_class'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"cannot import module {module_name!r} for tool target {target!r}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (tool target {target!r})") from None
+    return obj
+
+
+def _is_async_callable(fn: Any) -> bool:
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 (callable instances)
+    return inspect.iscoroutinefunction(call)
+
+
+class Registry:
+    def __init__(self) -> None:
+        self.entries: dict[str, ToolEntry] = {}
+        self.toolsets: dict[str, set[str]] = {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def get(self, name: str) -> ToolEntry | None:
+        return self.entries.get(name)
+
+    def add(self, entry: ToolEntry) -> ToolEntry:
+        if entry.name in self.entries:
+            raise ConfigError(f"two tools are named {entry.name!r}; give one a different 'name' in the config")
+        self.entries[entry.name] = entry
+        for toolset in entry.toolsets:
+            self.toolsets.setdefault(toolset, set()).add(entry.name)
+        return entry
+
+    def add_spec(self, spec: ToolSpec, *, verifier: bool = False, default_timeout_s: float = 30.0) -> ToolEntry:
+        """Register one config entry: import, instantiate a class, derive its schema."""
+        target = import_target(spec.target)
+        if isinstance(target, type):
+            try:
+                instance = target(**spec.args)
+            except TypeError as exc:
+                raise ConfigError(f"tool {spec.target}: bad 'args' {spec.args}: {exc}") from exc
+        elif spec.args:
+            raise ConfigError(f"tool {spec.target} is a function; 'args' only apply to classes")
+        else:
+            instance = None
+        func = instance if instance is not None else target
+        meta = get_tool_meta(target)
+        if meta.timeout_s == ToolMeta.timeout_s and spec.timeout_s is None:
+            meta = dataclasses.replace(meta, timeout_s=default_timeout_s)
+        meta = with_overrides(
+            meta,
+            timeout_s=spec.timeout_s,
+            max_concurrency=spec.max_concurrency,
+            cacheable=spec.cacheable,
+            description=spec.description,
+        )
+        base_name = spec.name or meta.name or getattr(target, "__name__", None) or spec.target
+        if verifier or meta.kind == "verifier":
+            return self.add_verifier(base_name, func, meta, spec.toolsets, instance)
+        sig = derive_signature(func, base_name, meta.description)
+        return self.add(
+            ToolEntry(
+                name=base_name,
+                meta=meta,
+                description=sig.description,
+                input_schema=sig.input_schema,
+                output_schema=sig.output_schema,
+                validate=sig.validate,
+                func=func,
+                is_async=_is_async_callable(func),
+                context_param=sig.context_param,
+                toolsets=set(spec.toolsets),
+                instance=instance,
+            )
+        )
+
+    def add_verifier(
+        self, name: str, func: Callable[..., Any], meta: ToolMeta, toolsets: Iterable[str], instance: Any = None
+    ) -> ToolEntry:
+        sig: Signature = derive_signature(func, name, meta.description)
+        if sig.request_param is None:
+            raise ConfigError(f"verifier {name!r} must take a parameter annotated 'VerifyRequest'")
+        meta = dataclasses.replace(meta, kind="verifier")
+        return self.add(
+            ToolEntry(
+                name=VERIFIER_PREFIX + name,
+                meta=meta,
+                description=sig.description,
+                input_schema=VERIFY_INPUT_SCHEMA,
+                output_schema=VERIFY_OUTPUT_SCHEMA,
+                validate=_validate_verify_arguments(name),
+                func=func,
+                is_async=_is_async_callable(func),
+                context_param=sig.context_param,
+                request_param=sig.request_param,
+                toolsets={VERIFIERS_TOOLSET, *toolsets},
+                instance=instance,
+            )
+        )
+
+    def add_upstream_tool(self, descriptor: dict[str, Any], upstream: Any, call: Callable[..., Awaitable[Any]]) -> None:
+        meta = ToolMeta(
+            name=descriptor["name"],
+            kind="upstream",
+            timeout_s=getattr(upstream, "call_timeout_s", 30.0),
+            idempotent=False,
+        )
+        self.add(
+            ToolEntry(
+                name=descriptor["name"],
+                meta=meta,
+                description=descriptor.get("description") or "",
+                input_schema=descriptor.get("inputSchema") or {"type": "object"},
+                output_schema=descriptor.get("outputSchema"),
+                validate=_check_object,
+                func=call,
+                is_async=True,
+                toolsets={"upstream", f"upstream:{getattr(upstream, 'name', '')}"},
+                upstream=upstream,
+            )
+        )
+
+    def define_toolsets(self, toolsets: dict[str, list[str]]) -> None:
+        """Named subsets from the config's ``toolsets`` block (names must exist)."""
+        for toolset, names in toolsets.items():
+            for name in names:
+                entry = self.entries.get(name) or self.entries.get(VERIFIER_PREFIX + name)
+                if entry is None:
+                    raise ConfigError(f"toolset {toolset!r} lists {name!r}, which is not a configured tool")
+                entry.toolsets.add(toolset)
+                self.toolsets.setdefault(toolset, set()).add(entry.name)
+
+    def names_in(self, toolset: str | None) -> list[str]:
+        if toolset is None:
+            return list(self.entries)
+        return [n for n in self.entries if n in self.toolsets.get(toolset, ())]
+
+    def descriptors(self, toolset: str | None = None) -> list[dict[str, Any]]:
+        return [self.entries[n].descriptor() for n in self.names_in(toolset)]
+
+
+def _check_object(arguments: dict[str, Any]) -> dict[str, Any]:
+    return arguments
+
+
+def _validate_verify_arguments(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    from pydantic import BaseModel, ConfigDict
+
+    class VerifyArguments(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        response: str | None = None
+        messages: list[dict[str, Any]] | None = None
+        ground_truth: Any = None
+        arguments: dict[str, Any] = {}
+        session: str | None = None
+        request_id: str | None = None
+
+    def validate(arguments: dict[str, Any]) -> dict[str, Any]:
+        parsed = VerifyArguments.model_validate(arguments)
+        if parsed.response is None and parsed.messages is None:
+            raise ValueError('a verify request needs "response" (final text) or "messages"')
+        request = VerifyRequest(
+            verifier=name,
+            ground_truth=parsed.ground_truth,
+            response=parsed.response,
+            messages=parsed.messages,
+            session=parsed.session,
+            arguments=parsed.arguments,
+            request_id=parsed.request_id,
+        )
+        return {"__request__": request}
+
+    return validate
