@@ -33,6 +33,9 @@ class ToolMeta:
     stateful: bool = False  # needs a session (one per trajectory)
     version: str = "1"  # part of the cache key; bump when outputs change
     title: str | None = None
+    # Sync functions run in a worker thread unless marked non-blocking (bounded,
+    # microsecond-scale work such as the calculator), which runs on the event loop.
+    blocking: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {

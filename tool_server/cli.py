@@ -87,6 +87,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
         return 2
     log_level = (args.log_level or config.server.log_level).lower()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     app = create_app(config, bind_host=host)
     uvicorn.run(
         app,

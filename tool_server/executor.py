@@ -24,7 +24,6 @@ from typing import Any
 import anyio
 import orjson
 import pydantic
-from cachetools import TTLCache
 
 from protocol import (
     Call,
@@ -43,6 +42,7 @@ from tool_server.metrics import Metrics
 from tool_server.registry import VERIFIER_PREFIX, Registry, ToolEntry
 from tool_server.schema import format_validation_error
 from tool_server.sessions import SessionStore
+from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
 TRUNCATION_MARKER = "\n…[output truncated: {dropped} of {total} characters omitted]"
@@ -68,25 +68,6 @@ class CallContext:
         return await self._executor.run_inner(inner, self._allowed)
 
 
-class _Outcome:
-    """Labelled metric children of one tool, resolved once (label look-ups are slow)."""
-
-    __slots__ = ("ok", "latency", "by_kind", "_calls", "_tool")
-
-    def __init__(self, metrics: Metrics, tool: str) -> None:
-        self._calls = metrics.calls
-        self._tool = tool
-        self.ok = metrics.calls.labels(tool, "ok")
-        self.latency = metrics.latency.labels(tool)
-        self.by_kind: dict[str, Any] = {}
-
-    def error(self, kind: str) -> Any:
-        child = self.by_kind.get(kind)
-        if child is None:
-            child = self.by_kind[kind] = self._calls.labels(self._tool, kind)
-        return child
-
-
 class Executor:
     def __init__(self, registry: Registry, config: Config, metrics: Metrics | None = None) -> None:
         self.registry = registry
@@ -99,13 +80,12 @@ class Executor:
         self._slots = asyncio.Semaphore(limits.max_concurrency)
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
         self._threads = anyio.CapacityLimiter(limits.thread_pool_size)
-        self._outcomes: dict[str, _Outcome] = {}
-        self._done: TTLCache[str, tuple[str, Result]] = TTLCache(
+        self._done: TTLStore[str, tuple[str, Result]] = TTLStore(
             config.idempotency.max_entries, config.idempotency.ttl_s
         )
-        self._inflight: dict[str, asyncio.Task[Result]] = {}
-        self._cache: TTLCache[tuple[Any, ...], Result] | None = (
-            TTLCache(config.cache.max_entries, config.cache.ttl_s) if config.cache.enabled else None
+        self._inflight: dict[str, asyncio.Future[Result]] = {}
+        self._cache: TTLStore[tuple[Any, ...], Result] | None = (
+            TTLStore(config.cache.max_entries, config.cache.ttl_s) if config.cache.enabled else None
         )
         self.sessions = SessionStore(config.sessions.ttl_s, config.sessions.max_sessions)
         self._sweeper: asyncio.Task[None] | None = None
@@ -115,11 +95,15 @@ class Executor:
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        """Start tools (load indexes, warm pools) and the session sweeper."""
         for entry in self.registry.entries.values():
             if entry.meta.max_concurrency:
                 self._tool_slots[entry.name] = asyncio.Semaphore(entry.meta.max_concurrency)
+        started: set[int] = set()
+        for entry in self.registry.entries.values():
             startup = getattr(entry.instance, "startup", None)
-            if startup is not None:
+            if startup is not None and id(entry.instance) not in started:
+                started.add(id(entry.instance))
                 outcome = startup()
                 if asyncio.iscoroutine(outcome):
                     await outcome
@@ -157,27 +141,26 @@ class Executor:
                 f"retry this batch of {len(calls)} later with the same call_ids"
             )
         results: list[Any] = [None] * len(calls)
-        pending: list[tuple[int, Any]] = []
+        pending: list[int] = []
         for i, call in enumerate(calls):
-            ready = self._prepare(call, allowed)
-            if isinstance(ready, Result):
-                results[i] = ready
-            else:
-                pending.append((i, ready))
-        for i, awaitable in pending:
-            results[i] = await awaitable
+            outcome = self._start(call, allowed)
+            results[i] = outcome
+            if not isinstance(outcome, Result):
+                pending.append(i)
+        for i in pending:
+            results[i] = await results[i]
         return results
 
     async def run_one(self, call: Call, allowed: set[str] | None = None) -> Result:
         if self.admitted >= self.capacity:
             return Result.failure(call.call_id, ErrorKind.OVERLOADED, "server busy: queue full; retry later")
-        ready = self._prepare(call, allowed)
-        return ready if isinstance(ready, Result) else await ready
+        outcome = self._start(call, allowed)
+        return outcome if isinstance(outcome, Result) else await outcome
 
     async def run_inner(self, call: Call, allowed: set[str] | None) -> Result:
         """An agent tool's inner call: same checks, but no global slot (avoids self-deadlock)."""
-        ready = self._prepare(call, allowed, inner=True)
-        return ready if isinstance(ready, Result) else await ready
+        outcome = self._start(call, allowed, inner=True)
+        return outcome if isinstance(outcome, Result) else await outcome
 
     async def verify_batch(self, requests: Sequence[VerifyRequest], allowed: set[str] | None = None) -> list[VerifyResult]:
         calls = []
@@ -194,8 +177,8 @@ class Executor:
         return [to_verify_result(r, q.request_id) for r, q in zip(results, requests, strict=True)]
 
     # ----------------------------------------------------------------- internals
-    def _prepare(self, call: Call, allowed: set[str] | None, inner: bool = False) -> Result | Any:
-        """Everything that can be answered without running the tool; else an awaitable."""
+    def _start(self, call: Call, allowed: set[str] | None, inner: bool = False) -> Result | asyncio.Future[Result]:
+        """Answer from storage, reject, or start the call: a Result now, or a future of one."""
         call_id = call.call_id
         done = self._done.get(call_id)
         if done is not None:
@@ -232,11 +215,35 @@ class Executor:
             if hit is not None:
                 self.metrics.cache_hits.inc()
                 return dataclasses.replace(hit, call_id=call_id, cached=True, elapsed_ms=0.0)
-        task = asyncio.get_running_loop().create_task(self._execute(call, entry, kwargs, cache_key, inner))
-        self._inflight[call_id] = task
+        if entry.inline:
+            return self._run_inline(call, entry, kwargs, cache_key)
         if not inner:
             self.admitted += 1
+        task = asyncio.get_running_loop().create_task(
+            self._execute(call, entry, kwargs, cache_key, inner, time.perf_counter())
+        )
+        self._inflight[call_id] = task
         return task
+
+    def _run_inline(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any) -> Result:
+        """A bounded, non-blocking sync tool: run it right here, no task, thread or timer."""
+        start = time.perf_counter()
+        try:
+            result = self._to_result(call.call_id, self._call_sync(call, entry, kwargs))
+        except ToolError as exc:
+            result = Result.failure(call.call_id, exc.kind, exc.message)
+        except Exception as exc:
+            result = Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
+        self._finish(call, entry, result, start, cache_key, True, True)
+        return result
+
+    def _call_sync(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Any:
+        if entry.request_param is not None:
+            kwargs = {entry.request_param: kwargs.pop("__request__")}
+        if entry.context_param is not None:
+            session = self.sessions.get_or_create(call.session) if call.session else None
+            kwargs[entry.context_param] = CallContext(self, call.call_id, session, None)
+        return entry.func(**kwargs)
 
     def _unknown_tool_message(self, name: str, allowed: set[str] | None) -> str:
         names = [n for n in self.registry.entries if allowed is None or n in allowed]
@@ -244,33 +251,28 @@ class Executor:
         return f"no tool named {name!r}; available tools include: {', '.join(sorted(close))}"
 
     async def _execute(
-        self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any, inner: bool
+        self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any, inner: bool, start: float
     ) -> Result:
-        start = time.perf_counter()
-        outcome = self._outcomes.get(entry.name)
-        if outcome is None:
-            outcome = self._outcomes[entry.name] = _Outcome(self.metrics, entry.name)
         try:
             if inner:
-                result = await self._limited(call, entry, kwargs, start)
+                result = await self._limited(call, entry, kwargs)
             else:
                 async with self._slots:
                     self.running += 1
                     try:
-                        result = await self._limited(call, entry, kwargs, start)
+                        result = await self._limited(call, entry, kwargs)
                     finally:
                         self.running -= 1
         except asyncio.CancelledError:
-            result = Result.failure(call.call_id, ErrorKind.CANCELLED, "the call was cancelled (server shutdown)")
-            self._finish(call, outcome, result, start, None, inner, store=False)
+            self._finish(call, entry, _cancelled(call), start, None, inner, store=False)
             raise
         # Transient failures (timeout, overload) are not stored: a retry should run again.
         store = result.error is None or result.error.kind in (ErrorKind.TOOL_ERROR, ErrorKind.INVALID_ARGUMENTS)
-        self._finish(call, outcome, result, start, cache_key, inner, store)
+        self._finish(call, entry, result, start, cache_key, inner, store)
         return result
 
     def _finish(
-        self, call: Call, outcome: _Outcome, result: Result, start: float, cache_key: Any, inner: bool, store: bool
+        self, call: Call, entry: ToolEntry, result: Result, start: float, cache_key: Any, inner: bool, store: bool
     ) -> None:
         elapsed = time.perf_counter() - start
         result.elapsed_ms = elapsed * 1000.0
@@ -278,13 +280,14 @@ class Executor:
         if not inner:
             self.admitted -= 1
         if store:
-            self._done[call.call_id] = (call.name, result)
+            self._done.put(call.call_id, (call.name, result))
         if cache_key is not None and not result.is_error:
-            self._cache[cache_key] = result  # type: ignore[index]
-        (outcome.ok if result.error is None else outcome.error(result.error.kind.value)).inc()
-        outcome.latency.observe(elapsed)
+            self._cache.put(cache_key, result)  # type: ignore[union-attr]
+        self.metrics.tool_stats.for_tool(entry.name).record(
+            "ok" if result.error is None else result.error.kind.value, elapsed
+        )
 
-    async def _limited(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], start: float) -> Result:
+    async def _limited(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Result:
         tool_slots = self._tool_slots.get(entry.name)
         if tool_slots is None:
             return await self._invoke(call, entry, kwargs)
@@ -319,11 +322,7 @@ class Executor:
                         )
             except TimeoutError:
                 if deadline.expired():
-                    return Result.failure(
-                        call.call_id,
-                        ErrorKind.TIMEOUT,
-                        f"{entry.name} did not finish within {timeout:g} s and was cancelled",
-                    )
+                    return _timed_out(call, entry, timeout)
                 raise
             return self._to_result(call.call_id, output)
         except ToolError as exc:
@@ -339,13 +338,16 @@ class Executor:
 
     # ----------------------------------------------------------------- output shaping
     def _to_result(self, call_id: str, output: Any) -> Result:
+        if type(output) is dict:  # the common case first
+            structured, text = self._structured(output)
+            return Result(call_id, [{"type": "text", "text": self._cap(text)}], structured)
         if isinstance(output, str):
             return Result(call_id, [{"type": "text", "text": self._cap(output)}])
         if isinstance(output, ToolOutput):
             content = [self._cap_block(b) for b in output.content]
-            structured = self._cap_structured(output.structured)
+            structured, text = self._structured(output.structured)
             if not content and structured is not None:
-                content = [{"type": "text", "text": self._cap(_json_text(structured))}]
+                content = [{"type": "text", "text": self._cap(text)}]
             error = ErrorInfo(ErrorKind.TOOL_ERROR, _text_of(content)) if output.is_error else None
             return Result(call_id, content, structured, output.is_error, error)
         if isinstance(output, Result):  # upstream / already shaped
@@ -361,9 +363,22 @@ class Executor:
             output = dataclasses.asdict(output)
         elif isinstance(output, pydantic.BaseModel):
             output = output.model_dump(mode="json")
-        structured = self._cap_structured(output)
-        text = _json_text(output)
+        structured, text = self._structured(output)
         return Result(call_id, [{"type": "text", "text": self._cap(text)}], structured)
+
+    def _structured(self, value: Any) -> tuple[Any, str]:
+        """The structured output (or a note if it is too large) and its JSON text."""
+        if value is None:
+            return None, ""
+        try:
+            encoded = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        except TypeError:
+            text = str(value)
+            return {"note": "structured output was not JSON-serialisable and was dropped"}, text
+        if len(encoded) > self.max_structured_bytes:
+            note = f"structured output of {len(encoded)} bytes exceeded the limit and was dropped"
+            return {"note": note}, encoded[: self.max_output_chars + 1].decode(errors="ignore")
+        return value, encoded.decode()
 
     def _cap(self, text: str) -> str:
         limit = self.max_output_chars
@@ -377,16 +392,15 @@ class Executor:
             return {**block, "text": self._cap(block["text"])}
         return block
 
-    def _cap_structured(self, structured: Any) -> Any:
-        if structured is None:
-            return None
-        try:
-            size = len(orjson.dumps(structured, option=orjson.OPT_SERIALIZE_NUMPY))
-        except TypeError:
-            return {"note": "structured output was not JSON-serialisable and was dropped"}
-        if size > self.max_structured_bytes:
-            return {"note": f"structured output of {size} bytes exceeded the limit and was dropped"}
-        return structured
+
+def _timed_out(call: Call, entry: ToolEntry, timeout: float) -> Result:
+    return Result.failure(
+        call.call_id, ErrorKind.TIMEOUT, f"{entry.name} did not finish within {timeout:g} s and was cancelled"
+    )
+
+
+def _cancelled(call: Call) -> Result:
+    return Result.failure(call.call_id, ErrorKind.CANCELLED, "the call was cancelled (server shutdown)")
 
 
 def _json_text(value: Any) -> str:

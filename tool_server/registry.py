@@ -64,6 +64,11 @@ class ToolEntry:
     upstream: Any = None  # an UpstreamServer, for tools proxied from another MCP server
 
     @property
+    def inline(self) -> bool:
+        """Run on the event loop without a task: sync, marked non-blocking, not proxied."""
+        return not self.is_async and not self.meta.blocking and self.upstream is None
+
+    @property
     def is_verifier(self) -> bool:
         return self.meta.kind == "verifier"
 

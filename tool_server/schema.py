@@ -126,11 +126,11 @@ def derive_signature(fn: Callable[..., Any], name: str, description: str | None)
     )
     input_schema = model.model_json_schema()
     input_schema.pop("title", None)
-    names = tuple(fields)
+
+    validate_python = model.__pydantic_validator__.validate_python
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        parsed = model.model_validate(arguments)
-        return {k: getattr(parsed, k) for k in names}
+        return validate_python(arguments).__dict__.copy()
 
     return Signature(
         input_schema=input_schema,

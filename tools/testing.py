@@ -15,8 +15,8 @@ from protocol import ToolError, tool
 _executions: Counter[str] = Counter()
 
 
-@tool(name="echo", timeout_s=5)
-async def echo(
+@tool(name="echo", timeout_s=5, blocking=False)
+def echo(
     text: Annotated[str, "Text to return unchanged."] = "",
     data: Annotated[dict[str, Any] | None, "Any JSON object; returned as structured output."] = None,
 ) -> dict[str, Any]:
@@ -24,8 +24,16 @@ async def echo(
     return {"text": text, "data": data}
 
 
+@tool(name="echo_async", timeout_s=5)
+async def echo_async(text: Annotated[str, "Text to return unchanged."] = "") -> dict[str, Any]:
+    """Return the text from a coroutine (exercises the task path of the executor)."""
+    return {"text": text}
+
+
 @tool(name="sleep", timeout_s=60)
-async def sleep(seconds: Annotated[float, "How long to sleep, in seconds (0 to 600)."] = 0.1) -> dict[str, float]:
+async def sleep(
+    seconds: Annotated[float, "How long to sleep, in seconds (0 to 600)."] = 0.1,
+) -> dict[str, float]:
     """Sleep, then report how long: a stand-in for a slow tool or API."""
     if not 0 <= seconds <= 600:
         raise ToolError("seconds must be between 0 and 600", "invalid_arguments")

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 BASE_TOOLS: list[dict[str, Any]] = [
     {"target": "tools.calculator:calculator", "toolsets": ["default", "math"]},
     {"target": "tools.testing:echo", "toolsets": ["test"]},
+    {"target": "tools.testing:echo_async", "toolsets": ["test"]},
     {"target": "tools.testing:sleep", "toolsets": ["test"]},
     {"target": "tools.testing:count", "toolsets": ["test"]},
     {"target": "tools.testing:fail", "toolsets": ["test"]},
