@@ -31,7 +31,7 @@ BASE_TOOLS: list[dict[str, Any]] = [
 ]
 
 
-def test_config(**overrides: Any) -> dict[str, Any]:
+def server_config(**overrides: Any) -> dict[str, Any]:
     config: dict[str, Any] = {"tools": list(BASE_TOOLS), "server": {"shutdown_grace_s": 2}}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(config.get(key), dict):
@@ -64,7 +64,7 @@ def running_server(
     """Yields a ServerProcess whose ``url`` is ``http://127.0.0.1:PORT``; stops it afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
         if config is None:
-            config = test_config()
+            config = server_config()
         if isinstance(config, dict):
             path = Path(tmp) / "config.yaml"
             path.write_text(yaml.safe_dump(config))
