@@ -42,7 +42,7 @@ async def sleep(
 
 
 @tool(name="count", timeout_s=5, idempotent=False)
-async def count(key: Annotated[str, "Counter name."] = "default") -> dict[str, int]:
+async def count(key: Annotated[str, "Counter name."] = "default") -> dict[str, Any]:
     """Increment and return a named in-process counter: shows how often a tool really ran."""
     _executions[key] += 1
     return {"key": key, "count": _executions[key]}

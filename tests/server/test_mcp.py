@@ -1,0 +1,93 @@
+"""The MCP endpoint with the official SDK client, in the stateless 2026-07-28 and legacy modes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+from mcp import Client
+
+MODES = ["2026-07-28", "legacy"]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_list_tools_with_input_and_output_schemas(server, mode):
+    async def scenario():
+        async with Client(server.url + "/mcp", mode=mode) as client:
+            default = (await client.list_tools()).tools
+            async with Client(server.url + "/mcp/test", mode=mode) as test_client:
+                test = (await test_client.list_tools()).tools
+            return default, test
+
+    default, test = run(scenario())
+    assert [t.name for t in default] == ["calculator"]
+    calculator = default[0]
+    assert calculator.input_schema["properties"]["expression"]["type"] == "string"
+    assert calculator.meta["toolfactory"]["kind"] == "program"
+    echo = next(t for t in test if t.name == "echo")
+    assert echo.output_schema is not None and echo.output_schema["type"] == "object"
+    assert {"echo", "sleep", "count"} <= {t.name for t in test}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_call_success_structured_and_error(server, mode):
+    async def scenario():
+        async with Client(server.url + "/mcp/test", mode=mode) as client:
+            ok = await client.call_tool("echo", {"text": "hello", "data": {"k": [1, 2]}})
+            failed = await client.call_tool("fail", {"message": "nope"})
+            bad_args = await client.call_tool("sleep", {"seconds": "long"})
+            unknown = await client.call_tool("calculator", {"expression": "1+1"})  # not in the test toolset
+            return ok, failed, bad_args, unknown
+
+    ok, failed, bad_args, unknown = run(scenario())
+    assert not ok.is_error
+    assert ok.structured_content == {"text": "hello", "data": {"k": [1, 2]}}
+    assert '"hello"' in ok.content[0].text
+    assert failed.is_error and "nope" in failed.content[0].text
+    assert failed.meta["toolfactory"]["error_kind"] == "tool_error"
+    assert bad_args.is_error and bad_args.meta["toolfactory"]["error_kind"] == "invalid_arguments"
+    assert unknown.is_error and unknown.meta["toolfactory"]["error_kind"] == "unknown_tool"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_session_id_travels_in_meta_and_call_id_is_idempotent(server, mode):
+    async def scenario():
+        async with Client(server.url + "/mcp/test", mode=mode) as client:
+            meta = {"toolfactory/session": f"mcp-session-{mode}", "toolfactory/call_id": f"mcp-call-{mode}"}
+            first = await client.call_tool("count", {"key": f"mcp-{mode}"}, meta=meta)
+            again = await client.call_tool("count", {"key": f"mcp-{mode}"}, meta=meta)
+            return first, again
+
+    first, again = run(scenario())
+    assert first.structured_content["count"] == 1
+    assert again.structured_content["count"] == 1  # same call_id: stored result, tool not run again
+    assert first.meta["toolfactory"]["call_id"] == f"mcp-call-{mode}"
+    # The session was created by the call (stateful state lives server-side until released).
+    released = httpx.delete(f"{server.url}/v1/sessions/mcp-session-{mode}")
+    assert released.status_code == 200
+
+
+def test_unknown_toolset_lists_nothing(server):
+    async def scenario():
+        async with Client(server.url + "/mcp/nonexistent", mode="2026-07-28") as client:
+            tools = (await client.list_tools()).tools
+            result = await client.call_tool("echo", {})
+            return tools, result
+
+    tools, result = run(scenario())
+    assert tools == []
+    assert result.is_error
+
+
+def test_mcp_rejects_foreign_host_header(server):
+    response = httpx.post(
+        server.url + "/mcp",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"Host": "evil.example:80", "Accept": "application/json, text/event-stream"},
+    )
+    assert response.status_code in (403, 421)
