@@ -48,7 +48,9 @@ def build_upstreams(config: Config) -> list[Any]:
     ]
 
 
-def create_app(config: Config, *, bind_host: str | None = None, environ: dict[str, str] | None = None) -> Starlette:
+def create_app(
+    config: Config, *, bind_host: str | None = None, environ: dict[str, str] | None = None
+) -> Starlette:
     """The whole server as one ASGI app. ``bind_host`` decides the MCP Host checks."""
     bind_host = bind_host or config.server.host
     registry = build_registry(config)
@@ -60,11 +62,18 @@ def create_app(config: Config, *, bind_host: str | None = None, environ: dict[st
     routes: list[Any] = list(api.routes())
     mcp = McpEndpoint(executor, config, bind_host) if config.mcp.enabled else None
     if mcp is not None:
-        routes += [Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),
-                   Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"])]
+        routes += [
+            Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),
+            Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"]),
+        ]
     if config.retrieve.tool and config.retrieve.tool in registry:
-        routes.append(Route("/retrieve", RetrieveEndpoint(executor, api, config.retrieve.tool,
-                                                            config.retrieve.default_topk), methods=["POST"]))
+        routes.append(
+            Route(
+                "/retrieve",
+                RetrieveEndpoint(executor, api, config.retrieve.tool, config.retrieve.default_topk),
+                methods=["POST"],
+            )
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -89,7 +98,9 @@ def create_app(config: Config, *, bind_host: str | None = None, environ: dict[st
 
     async def on_error(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal", "internal server error (a bug in toolfactory; see the server log)")
+        return error_response(
+            500, "internal", "internal server error (a bug in toolfactory; see the server log)"
+        )
 
     app = Starlette(
         routes=routes,

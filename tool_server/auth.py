@@ -57,13 +57,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-async def _send_json(send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _send_json(
+    send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     payload = orjson.dumps(body)
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ]
             + (headers or []),
         }
     )
@@ -87,8 +92,12 @@ class AuthMiddleware:
             await _send_json(
                 send,
                 401,
-                {"error": {"kind": "unauthorized", "message": "missing or invalid bearer token "
-                           "(send 'Authorization: Bearer <token>')"}},
+                {
+                    "error": {
+                        "kind": "unauthorized",
+                        "message": "missing or invalid bearer token (send 'Authorization: Bearer <token>')",
+                    }
+                },
                 [(b"www-authenticate", b'Bearer realm="toolfactory"')],
             )
             return
@@ -126,7 +135,9 @@ class BodyLimitMiddleware:
                 try:
                     too_big = int(value) > self.max_bytes
                 except ValueError:
-                    await _send_json(send, 400, {"error": {"kind": "bad_request", "message": "bad Content-Length"}})
+                    await _send_json(
+                        send, 400, {"error": {"kind": "bad_request", "message": "bad Content-Length"}}
+                    )
                     return
                 if too_big:
                     await self._reject(send)
@@ -152,8 +163,13 @@ class BodyLimitMiddleware:
         await _send_json(
             send,
             413,
-            {"error": {"kind": "too_large", "message": f"request body exceeds the limit of {self.max_bytes} bytes; "
-                       "split the batch into smaller requests"}},
+            {
+                "error": {
+                    "kind": "too_large",
+                    "message": f"request body exceeds the limit of {self.max_bytes} bytes; "
+                    "split the batch into smaller requests",
+                }
+            },
         )
 
 

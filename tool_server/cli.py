@@ -33,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the server (uvicorn, one worker)")
     _add_config_arg(serve)
     serve.add_argument("--host", default=None, help="bind address (default from config: 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="port (default from config: 8000; 0 = any free port)")
+    serve.add_argument(
+        "--port", type=int, default=None, help="port (default from config: 8000; 0 = any free port)"
+    )
     serve.add_argument(
         "--insecure",
         action="store_true",
@@ -60,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
         registry = build_registry(config)
         if args.command == "tools":
-            sys.stdout.write(orjson.dumps(registry.descriptors(args.toolset), option=orjson.OPT_INDENT_2).decode())
+            sys.stdout.write(
+                orjson.dumps(registry.descriptors(args.toolset), option=orjson.OPT_INDENT_2).decode()
+            )
             sys.stdout.write("\n")
         else:
-            print(f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}")
+            print(
+                f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}"
+            )
         return 0
     except ConfigError as exc:
         print(f"tool-server: configuration error: {exc}", file=sys.stderr)

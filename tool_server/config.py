@@ -120,6 +120,7 @@ class Config:
     default_toolset: str | None = "default"  # what /mcp and /v1/tools list; None = all tools
     mcpServers: dict[str, dict[str, Any]] = field(default_factory=dict)  # noqa: N815 (the MCP clients' key)
     upstream_separator: str = "."  # upstream tools appear as "<server><sep><tool>"
+    extends: str | None = None  # "builtin" or a path: start from that file, then apply this one
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -152,7 +153,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = set(data) - known
     if unknown:
-        raise ConfigError(f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known keys: {sorted(known)}")
+        raise ConfigError(
+            f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known keys: {sorted(known)}"
+        )
     kwargs = {}
     for key, value in data.items():
         annotation = hints[key]
@@ -182,9 +185,20 @@ def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> None:
         node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
 
 
-def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
-    """Read the YAML file (the built-in default when ``path`` is None) and apply env overrides."""
-    source = Path(path) if path else DEFAULT_CONFIG_PATH
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings; lists and scalars in ``override`` replace the base's."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_yaml(source: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if source.resolve() in seen:
+        raise ConfigError(f"config file {source} extends itself (cycle: {' -> '.join(map(str, seen))})")
     try:
         data = yaml.safe_load(source.read_text()) or {}
     except FileNotFoundError:
@@ -193,7 +207,21 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
         raise ConfigError(f"config file {source} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {source} must contain a mapping at the top level")
-    return config_from_dict(data, environ)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    parent_path = DEFAULT_CONFIG_PATH if parent == "builtin" else (source.parent / parent)
+    return _merge(_read_yaml(parent_path, (*seen, source.resolve())), data)
+
+
+def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:
+    """Read the YAML file (the built-in default when ``path`` is None) and apply env overrides.
+
+    A file may start from another with ``extends: builtin`` (or a relative path) and
+    override only what it changes.
+    """
+    source = Path(path) if path else DEFAULT_CONFIG_PATH
+    return config_from_dict(_read_yaml(source), environ)
 
 
 def config_from_dict(data: dict[str, Any], environ: dict[str, str] | None = None) -> Config:

@@ -57,7 +57,9 @@ class CallContext:
 
     __slots__ = ("_executor", "_allowed", "call_id", "session")
 
-    def __init__(self, executor: Executor, call_id: str, session: SessionState | None, allowed: set[str] | None):
+    def __init__(
+        self, executor: Executor, call_id: str, session: SessionState | None, allowed: set[str] | None
+    ):
         self._executor = executor
         self._allowed = allowed
         self.call_id = call_id
@@ -162,7 +164,9 @@ class Executor:
         outcome = self._start(call, allowed, inner=True)
         return outcome if isinstance(outcome, Result) else await outcome
 
-    async def verify_batch(self, requests: Sequence[VerifyRequest], allowed: set[str] | None = None) -> list[VerifyResult]:
+    async def verify_batch(
+        self, requests: Sequence[VerifyRequest], allowed: set[str] | None = None
+    ) -> list[VerifyResult]:
         calls = []
         for request in requests:
             arguments = {
@@ -172,12 +176,16 @@ class Executor:
                 "arguments": request.arguments,
                 "session": request.session,
             }
-            calls.append(Call(request.request_id or new_call_id(), VERIFIER_PREFIX + request.verifier, arguments))
+            calls.append(
+                Call(request.request_id or new_call_id(), VERIFIER_PREFIX + request.verifier, arguments)
+            )
         results = await self.run_batch(calls, allowed)
         return [to_verify_result(r, q.request_id) for r, q in zip(results, requests, strict=True)]
 
     # ----------------------------------------------------------------- internals
-    def _start(self, call: Call, allowed: set[str] | None, inner: bool = False) -> Result | asyncio.Future[Result]:
+    def _start(
+        self, call: Call, allowed: set[str] | None, inner: bool = False
+    ) -> Result | asyncio.Future[Result]:
         """Answer from storage, reject, or start the call: a Result now, or a future of one."""
         call_id = call.call_id
         done = self._done.get(call_id)
@@ -185,7 +193,9 @@ class Executor:
             self.metrics.replays.inc()
             if done[0] != call.name:
                 return Result.failure(
-                    call_id, ErrorKind.BAD_REQUEST, f"call_id {call_id!r} was already used for tool {done[0]!r}"
+                    call_id,
+                    ErrorKind.BAD_REQUEST,
+                    f"call_id {call_id!r} was already used for tool {done[0]!r}",
                 )
             return done[1]
         running = self._inflight.get(call_id)
@@ -193,7 +203,9 @@ class Executor:
             return asyncio.shield(running)
         entry = self.registry.entries.get(call.name)
         if entry is None:
-            return Result.failure(call_id, ErrorKind.UNKNOWN_TOOL, self._unknown_tool_message(call.name, allowed))
+            return Result.failure(
+                call_id, ErrorKind.UNKNOWN_TOOL, self._unknown_tool_message(call.name, allowed)
+            )
         if allowed is not None and entry.name not in allowed:
             return Result.failure(
                 call_id, ErrorKind.UNAUTHORIZED, f"your token is not allowed to call tool {call.name!r}"
@@ -207,10 +219,16 @@ class Executor:
                 f"invalid arguments for {call.name}: {format_validation_error(exc)}",
             )
         except (ValueError, TypeError) as exc:
-            return Result.failure(call_id, ErrorKind.INVALID_ARGUMENTS, f"invalid arguments for {call.name}: {exc}")
+            return Result.failure(
+                call_id, ErrorKind.INVALID_ARGUMENTS, f"invalid arguments for {call.name}: {exc}"
+            )
         cache_key = None
         if self._cache is not None and entry.meta.cacheable:
-            cache_key = (entry.name, entry.meta.version, orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS))
+            cache_key = (
+                entry.name,
+                entry.meta.version,
+                orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS),
+            )
             hit = self._cache.get(cache_key)
             if hit is not None:
                 self.metrics.cache_hits.inc()
@@ -267,12 +285,22 @@ class Executor:
             self._finish(call, entry, _cancelled(call), start, None, inner, store=False)
             raise
         # Transient failures (timeout, overload) are not stored: a retry should run again.
-        store = result.error is None or result.error.kind in (ErrorKind.TOOL_ERROR, ErrorKind.INVALID_ARGUMENTS)
+        store = result.error is None or result.error.kind in (
+            ErrorKind.TOOL_ERROR,
+            ErrorKind.INVALID_ARGUMENTS,
+        )
         self._finish(call, entry, result, start, cache_key, inner, store)
         return result
 
     def _finish(
-        self, call: Call, entry: ToolEntry, result: Result, start: float, cache_key: Any, inner: bool, store: bool
+        self,
+        call: Call,
+        entry: ToolEntry,
+        result: Result,
+        start: float,
+        cache_key: Any,
+        inner: bool,
+        store: bool,
     ) -> None:
         elapsed = time.perf_counter() - start
         result.elapsed_ms = elapsed * 1000.0
@@ -318,7 +346,9 @@ class Executor:
                         output = await entry.func(**kwargs)
                     else:
                         output = await anyio.to_thread.run_sync(
-                            functools.partial(entry.func, **kwargs), limiter=self._threads, abandon_on_cancel=True
+                            functools.partial(entry.func, **kwargs),
+                            limiter=self._threads,
+                            abandon_on_cancel=True,
                         )
             except TimeoutError:
                 if deadline.expired():
@@ -422,5 +452,7 @@ def to_verify_result(result: Result, request_id: str | None) -> VerifyResult:
     try:
         score = float(data.get("score", 0.0))
     except (TypeError, ValueError):
-        return VerifyResult(0.0, {}, {}, request_id, True, ErrorInfo(ErrorKind.TOOL_ERROR, "score is not a number"))
+        return VerifyResult(
+            0.0, {}, {}, request_id, True, ErrorInfo(ErrorKind.TOOL_ERROR, "score is not a number")
+        )
     return VerifyResult(score, data.get("components") or {}, data.get("details") or {}, request_id)

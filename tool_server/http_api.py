@@ -23,7 +23,9 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
     return Response(encode(body), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(status: int, kind: ErrorKind | str, message: str, headers: dict[str, str] | None = None) -> Response:
+def error_response(
+    status: int, kind: ErrorKind | str, message: str, headers: dict[str, str] | None = None
+) -> Response:
     return json_response({"error": {"kind": str(kind), "message": message}}, status, headers)
 
 
@@ -83,7 +85,9 @@ class HttpApi:
             return error_response(400, exc.kind, exc.message)
         if len(requests) > self.max_batch:
             return error_response(
-                413, ErrorKind.TOO_LARGE, f"{len(requests)} requests in one batch; the limit is {self.max_batch}"
+                413,
+                ErrorKind.TOO_LARGE,
+                f"{len(requests)} requests in one batch; the limit is {self.max_batch}",
             )
         self.executor.metrics.batches.labels("verify").inc()
         try:
@@ -99,7 +103,9 @@ class HttpApi:
             toolset = None
         if toolset is not None and toolset not in self.registry.toolsets:
             known = ", ".join(sorted(self.registry.toolsets)) or "none"
-            return error_response(404, ErrorKind.BAD_REQUEST, f"no toolset named {toolset!r}; known toolsets: {known}")
+            return error_response(
+                404, ErrorKind.BAD_REQUEST, f"no toolset named {toolset!r}; known toolsets: {known}"
+            )
         allowed = self.allowed_tools(request)
         tools = [d for d in self.registry.descriptors(toolset) if allowed is None or d["name"] in allowed]
         return json_response({"tools": tools, "toolset": toolset})
@@ -129,7 +135,9 @@ class HttpApi:
         released = await self.executor.sessions.release(session_id)
         self.executor.metrics.sessions.set(len(self.executor.sessions))
         if not released:
-            return error_response(404, ErrorKind.UNKNOWN_SESSION, f"no open session {session_id!r} (expired or released)")
+            return error_response(
+                404, ErrorKind.UNKNOWN_SESSION, f"no open session {session_id!r} (expired or released)"
+            )
         return json_response({"released": session_id})
 
     async def healthz(self, request: Request) -> Response:

@@ -36,7 +36,9 @@ def transport_security(config: Config, bind_host: str) -> TransportSecuritySetti
     if is_loopback(bind_host):
         hosts += ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"]
         origins += ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
-        return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins)
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+        )
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=bool(hosts), allowed_hosts=hosts, allowed_origins=origins
     )
@@ -46,7 +48,11 @@ def _to_call_tool_result(result: Result) -> types.CallToolResult:
     structured = result.structured
     if structured is not None and not isinstance(structured, dict):
         structured = {"result": structured}
-    meta: dict[str, Any] = {"call_id": result.call_id, "elapsed_ms": result.elapsed_ms, "cached": result.cached}
+    meta: dict[str, Any] = {
+        "call_id": result.call_id,
+        "elapsed_ms": result.elapsed_ms,
+        "cached": result.cached,
+    }
     if result.error is not None:
         meta["error_kind"] = result.error.kind.value
     return types.CallToolResult.model_validate(
@@ -95,16 +101,21 @@ class McpEndpoint:
         return toolset, allowed
 
     def _visible(self, toolset: str | None, allowed: set[str] | None) -> list[str]:
-        names = self.registry.names_in(toolset) if toolset in self.registry.toolsets or toolset is None else []
+        names = (
+            self.registry.names_in(toolset) if toolset in self.registry.toolsets or toolset is None else []
+        )
         return [n for n in names if allowed is None or n in allowed]
 
-    async def _list_tools(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    async def _list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
         toolset, allowed = self._scope(ctx)
         key = toolset if allowed is None else None
         tools = self._tool_cache.get(key) if allowed is None else None
         if tools is None:
             tools = [
-                types.Tool.model_validate(self.registry.entries[n].descriptor()) for n in self._visible(toolset, allowed)
+                types.Tool.model_validate(self.registry.entries[n].descriptor())
+                for n in self._visible(toolset, allowed)
             ]
             if allowed is None:
                 self._tool_cache[key] = tools
@@ -118,12 +129,16 @@ class McpEndpoint:
         session = meta.get(SESSION_META_KEY)
         if session is not None and (not isinstance(session, str) or not session or len(session) > 256):
             return _to_call_tool_result(
-                Result.failure(call_id or "", ErrorKind.BAD_REQUEST, f"_meta[{SESSION_META_KEY!r}] must be a string")
+                Result.failure(
+                    call_id or "", ErrorKind.BAD_REQUEST, f"_meta[{SESSION_META_KEY!r}] must be a string"
+                )
             )
         call = Call(call_id or new_call_id(), params.name, params.arguments or {}, session)
         if params.name in self.registry and params.name not in visible:
             result = Result.failure(
-                call.call_id, ErrorKind.UNKNOWN_TOOL, f"tool {params.name!r} is not in this endpoint's toolset"
+                call.call_id,
+                ErrorKind.UNKNOWN_TOOL,
+                f"tool {params.name!r} is not in this endpoint's toolset",
             )
         else:
             result = await self.executor.run_one(call, allowed)

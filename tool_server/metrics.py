@@ -46,7 +46,9 @@ class ToolStatsCollector(Collector):
         return stats
 
     def collect(self) -> Iterator[CounterMetricFamily | HistogramMetricFamily]:
-        calls = CounterMetricFamily("toolfactory_calls", "Tool calls by tool and outcome", labels=["tool", "outcome"])
+        calls = CounterMetricFamily(
+            "toolfactory_calls", "Tool calls by tool and outcome", labels=["tool", "outcome"]
+        )
         latency = HistogramMetricFamily("toolfactory_call_seconds", "Tool call latency", labels=["tool"])
         for name, stats in sorted(self.tools.items()):
             for outcome, count in sorted(stats.outcomes.items()):
@@ -67,7 +69,9 @@ class Metrics:
         self.tool_stats = ToolStatsCollector()
         r.register(self.tool_stats)
         self.in_flight = Gauge("toolfactory_calls_in_flight", "Calls running now", registry=r)
-        self.queue_depth = Gauge("toolfactory_queue_depth", "Calls admitted and waiting for a slot", registry=r)
+        self.queue_depth = Gauge(
+            "toolfactory_queue_depth", "Calls admitted and waiting for a slot", registry=r
+        )
         self.sessions = Gauge("toolfactory_sessions", "Open sessions", registry=r)
         self.batches = Counter("toolfactory_batches", "Batch requests by endpoint", ["endpoint"], registry=r)
         self.batch_size = Histogram(
@@ -78,8 +82,12 @@ class Metrics:
         )
         self.rejected = Counter("toolfactory_rejected_batches", "Batches answered 429", registry=r)
         self.cache_hits = Counter("toolfactory_cache_hits", "Results served from the cache", registry=r)
-        self.replays = Counter("toolfactory_idempotent_replays", "Retried call_ids answered from storage", registry=r)
-        self.upstream_up = Gauge("toolfactory_upstream_up", "Upstream MCP server healthy (1) or not", ["server"], registry=r)
+        self.replays = Counter(
+            "toolfactory_idempotent_replays", "Retried call_ids answered from storage", registry=r
+        )
+        self.upstream_up = Gauge(
+            "toolfactory_upstream_up", "Upstream MCP server healthy (1) or not", ["server"], registry=r
+        )
         self.upstream_restarts = Gauge(
             "toolfactory_upstream_restarts", "Restarts of an upstream MCP server", ["server"], registry=r
         )

@@ -39,8 +39,17 @@ RESULT = {
             "properties": {
                 "kind": {
                     "enum": [
-                        "unknown_tool", "invalid_arguments", "timeout", "tool_error", "overloaded", "cancelled",
-                        "unauthorized", "too_large", "bad_request", "unavailable", "unknown_session",
+                        "unknown_tool",
+                        "invalid_arguments",
+                        "timeout",
+                        "tool_error",
+                        "overloaded",
+                        "cancelled",
+                        "unauthorized",
+                        "too_large",
+                        "bad_request",
+                        "unavailable",
+                        "unknown_session",
                     ]
                 },
                 "message": {"type": "string"},
@@ -83,8 +92,14 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    text = {400: "Malformed body", 401: "Missing or bad token", 404: "Not found", 413: "Body or batch too large",
-            429: "Overloaded; retry after Retry-After seconds", 503: "Not ready"}
+    text = {
+        400: "Malformed body",
+        401: "Missing or bad token",
+        404: "Not found",
+        413: "Body or batch too large",
+        429: "Overloaded; retry after Retry-After seconds",
+        503: "Not ready",
+    }
     return {str(c): {"description": text[c], **_json(ERROR)} for c in codes}
 
 
@@ -97,13 +112,27 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/calls": {
                 "post": {
                     "summary": "Run a batch of tool calls; one result per call, in order",
-                    "requestBody": {"required": True, **_json({
-                        "type": "object", "properties": {"calls": {"type": "array", "items": CALL}},
-                        "required": ["calls"]})},
+                    "requestBody": {
+                        "required": True,
+                        **_json(
+                            {
+                                "type": "object",
+                                "properties": {"calls": {"type": "array", "items": CALL}},
+                                "required": ["calls"],
+                            }
+                        ),
+                    },
                     "responses": {
-                        "200": {"description": "Results", **_json({
-                            "type": "object", "properties": {"results": {"type": "array", "items": RESULT}},
-                            "required": ["results"]})},
+                        "200": {
+                            "description": "Results",
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {"results": {"type": "array", "items": RESULT}},
+                                    "required": ["results"],
+                                }
+                            ),
+                        },
                         **_errors(400, 401, 413, 429),
                     },
                 }
@@ -111,13 +140,27 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/verify": {
                 "post": {
                     "summary": "Score a batch of trajectories with named verifiers",
-                    "requestBody": {"required": True, **_json({
-                        "type": "object", "properties": {"requests": {"type": "array", "items": VERIFY_REQUEST}},
-                        "required": ["requests"]})},
+                    "requestBody": {
+                        "required": True,
+                        **_json(
+                            {
+                                "type": "object",
+                                "properties": {"requests": {"type": "array", "items": VERIFY_REQUEST}},
+                                "required": ["requests"],
+                            }
+                        ),
+                    },
                     "responses": {
-                        "200": {"description": "Scores", **_json({
-                            "type": "object", "properties": {"results": {"type": "array", "items": VERIFY_RESULT}},
-                            "required": ["results"]})},
+                        "200": {
+                            "description": "Scores",
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {"results": {"type": "array", "items": VERIFY_RESULT}},
+                                    "required": ["results"],
+                                }
+                            ),
+                        },
                         **_errors(400, 401, 413, 429),
                     },
                 }
@@ -125,10 +168,20 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/tools": {
                 "get": {
                     "summary": "Tool descriptors (MCP Tool objects with _meta.toolfactory)",
-                    "parameters": [{"name": "toolset", "in": "query", "required": False, "schema": {"type": "string"}}],
+                    "parameters": [
+                        {"name": "toolset", "in": "query", "required": False, "schema": {"type": "string"}}
+                    ],
                     "responses": {
-                        "200": {"description": "Tools", **_json({"type": "object", "properties": {
-                            "tools": {"type": "array", "items": {"type": "object"}}}, "required": ["tools"]})},
+                        "200": {
+                            "description": "Tools",
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {"tools": {"type": "array", "items": {"type": "object"}}},
+                                    "required": ["tools"],
+                                }
+                            ),
+                        },
                         **_errors(401, 404),
                     },
                 }
@@ -136,10 +189,24 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/sessions": {
                 "post": {
                     "summary": "Open a session (optional: choose its id)",
-                    "requestBody": {"required": False, **_json({"type": "object", "properties": {"session": ID}})},
+                    "requestBody": {
+                        "required": False,
+                        **_json({"type": "object", "properties": {"session": ID}}),
+                    },
                     "responses": {
-                        "201": {"description": "Session", **_json({"type": "object", "properties": {
-                            "session": {"type": "string"}, "ttl_s": {"type": "number"}}, "required": ["session"]})},
+                        "201": {
+                            "description": "Session",
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {
+                                        "session": {"type": "string"},
+                                        "ttl_s": {"type": "number"},
+                                    },
+                                    "required": ["session"],
+                                }
+                            ),
+                        },
                         **_errors(400, 401, 429),
                     },
                 }
@@ -147,7 +214,9 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/sessions/{session_id}": {
                 "delete": {
                     "summary": "Release a session and everything it holds",
-                    "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "parameters": [
+                        {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
                     "responses": {
                         "200": {"description": "Released", **_json({"type": "object"})},
                         **_errors(401, 404),
@@ -157,24 +226,44 @@ def openapi_spec() -> dict[str, Any]:
             "/retrieve": {
                 "post": {
                     "summary": "Search-R1 compatible retrieval",
-                    "requestBody": {"required": True, **_json({
-                        "type": "object",
-                        "properties": {
-                            "queries": {"type": "array", "items": {"type": "string"}},
-                            "topk": {"type": "integer", "minimum": 1, "maximum": 100},
-                            "return_scores": {"type": "boolean"},
-                        },
-                        "required": ["queries"]})},
+                    "requestBody": {
+                        "required": True,
+                        **_json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "queries": {"type": "array", "items": {"type": "string"}},
+                                    "topk": {"type": "integer", "minimum": 1, "maximum": 100},
+                                    "return_scores": {"type": "boolean"},
+                                },
+                                "required": ["queries"],
+                            }
+                        ),
+                    },
                     "responses": {
-                        "200": {"description": "Documents per query", **_json({
-                            "type": "object", "properties": {"result": {"type": "array"}}, "required": ["result"]})},
+                        "200": {
+                            "description": "Documents per query",
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {"result": {"type": "array"}},
+                                    "required": ["result"],
+                                }
+                            ),
+                        },
                         **_errors(400, 401, 404, 413, 429),
                     },
                 }
             },
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive"}}}},
-            "/readyz": {"get": {"summary": "Readiness (tools started, upstreams healthy)",
-                                "responses": {"200": {"description": "Ready"}, **_errors(503)}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Metrics"}}}},
+            "/readyz": {
+                "get": {
+                    "summary": "Readiness (tools started, upstreams healthy)",
+                    "responses": {"200": {"description": "Ready"}, **_errors(503)},
+                }
+            },
+            "/metrics": {
+                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Metrics"}}}
+            },
         },
     }

@@ -106,7 +106,9 @@ def import_target(target: str) -> Any:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ConfigError(f"module {module_name!r} has no attribute {attr!r} (tool target {target!r})") from None
+            raise ConfigError(
+                f"module {module_name!r} has no attribute {attr!r} (tool target {target!r})"
+            ) from None
     return obj
 
 
@@ -130,13 +132,17 @@ class Registry:
 
     def add(self, entry: ToolEntry) -> ToolEntry:
         if entry.name in self.entries:
-            raise ConfigError(f"two tools are named {entry.name!r}; give one a different 'name' in the config")
+            raise ConfigError(
+                f"two tools are named {entry.name!r}; give one a different 'name' in the config"
+            )
         self.entries[entry.name] = entry
         for toolset in entry.toolsets:
             self.toolsets.setdefault(toolset, set()).add(entry.name)
         return entry
 
-    def add_spec(self, spec: ToolSpec, *, verifier: bool = False, default_timeout_s: float = 30.0) -> ToolEntry:
+    def add_spec(
+        self, spec: ToolSpec, *, verifier: bool = False, default_timeout_s: float = 30.0
+    ) -> ToolEntry:
         """Register one config entry: import, instantiate a class, derive its schema."""
         target = import_target(spec.target)
         if isinstance(target, type):
@@ -180,7 +186,12 @@ class Registry:
         )
 
     def add_verifier(
-        self, name: str, func: Callable[..., Any], meta: ToolMeta, toolsets: Iterable[str], instance: Any = None
+        self,
+        name: str,
+        func: Callable[..., Any],
+        meta: ToolMeta,
+        toolsets: Iterable[str],
+        instance: Any = None,
     ) -> ToolEntry:
         sig: Signature = derive_signature(func, name, meta.description)
         if sig.request_param is None:
@@ -203,7 +214,9 @@ class Registry:
             )
         )
 
-    def add_upstream_tool(self, descriptor: dict[str, Any], upstream: Any, call: Callable[..., Awaitable[Any]]) -> None:
+    def add_upstream_tool(
+        self, descriptor: dict[str, Any], upstream: Any, call: Callable[..., Awaitable[Any]]
+    ) -> None:
         meta = ToolMeta(
             name=descriptor["name"],
             kind="upstream",

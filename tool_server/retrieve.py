@@ -55,9 +55,14 @@ class RetrieveEndpoint:
             status = 401 if result.error and result.error.kind == ErrorKind.UNAUTHORIZED else 503
             return error_response(status, result.error.kind if result.error else "tool_error", result.text)
         per_query: list[list[dict[str, Any]]] = (result.structured or {}).get("results", [])
-        return json_response({"result": [[_document(hit, return_scores) for hit in hits] for hits in per_query]})
+        return json_response(
+            {"result": [[_document(hit, return_scores) for hit in hits] for hits in per_query]}
+        )
 
 
 def _document(hit: dict[str, Any], return_scores: bool) -> dict[str, Any]:
-    document = {"id": str(hit.get("id", "")), "contents": f'"{hit.get("title", "")}"\n{hit.get("contents", "")}'}
+    document = {
+        "id": str(hit.get("id", "")),
+        "contents": f'"{hit.get("title", "")}"\n{hit.get("contents", "")}',
+    }
     return {"document": document, "score": float(hit.get("score", 0.0))} if return_scores else document

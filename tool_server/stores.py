@@ -7,8 +7,8 @@ evicts expired and excess entries from its front in O(1) amortised time.
 from __future__ import annotations
 
 import time
-from itertools import islice
 from collections import OrderedDict
+from itertools import islice
 from typing import Generic, TypeVar
 
 K = TypeVar("K")

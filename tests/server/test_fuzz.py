@@ -32,16 +32,27 @@ def fuzz_server() -> Iterator[ServerProcess]:
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 def test_openapi_operations_never_5xx(case, fuzz_server):
     response = case.call(base_url=fuzz_server.url, timeout=30)
-    assert response.status_code < 500, f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}"
+    assert response.status_code < 500, (
+        f"{case.method} {case.path} -> {response.status_code}: {response.text[:300]}"
+    )
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=20,
 )
 call_like = st.fixed_dictionaries(
-    {"call_id": st.text(max_size=10) | st.integers(), "name": st.sampled_from(["echo", "calculator", "sleep", "x", ""])},
+    {
+        "call_id": st.text(max_size=10) | st.integers(),
+        "name": st.sampled_from(["echo", "calculator", "sleep", "x", ""]),
+    },
     optional={"arguments": json_values, "session": json_values},
 )
 bodies = st.one_of(
@@ -56,7 +67,9 @@ bodies = st.one_of(
 def test_arbitrary_json_never_5xx(fuzz_server, body, path):
     headers = {"Accept": "application/json, text/event-stream"}
     response = httpx.post(fuzz_server.url + path, json=body, headers=headers, timeout=30)
-    assert response.status_code < 500, f"POST {path} {body!r} -> {response.status_code}: {response.text[:300]}"
+    assert response.status_code < 500, (
+        f"POST {path} {body!r} -> {response.status_code}: {response.text[:300]}"
+    )
 
 
 @given(raw=st.binary(max_size=200), path=st.sampled_from(["/v1/calls", "/v1/verify", "/v1/sessions"]))

@@ -33,7 +33,9 @@ def test_batch_mixed_success_error_and_timeout_each_independent(server):
     results = decode_results(response.content)
     assert [r.call_id for r in results] == [a, b, c, d, e, f]
     assert results[0].structured == {"expression": "12*(3+4)", "result": 84} and not results[0].is_error
-    assert results[1].is_error and results[1].error.kind == "tool_error" and "kaput" in results[1].error.message
+    assert (
+        results[1].is_error and results[1].error.kind == "tool_error" and "kaput" in results[1].error.message
+    )
     assert results[2].structured == {"slept": 0.2}
     assert results[3].error.kind == "unknown_tool" and "calculator" in results[3].error.message
     assert results[4].error.kind == "invalid_arguments"
@@ -90,8 +92,11 @@ def test_duplicate_call_ids_in_flight_share_one_execution(server):
 def test_call_id_reused_for_another_tool_is_rejected(server):
     call_id = uuid.uuid4().hex
     post_calls(server, [{"call_id": call_id, "name": "echo", "arguments": {}}])
-    result = decode_results(post_calls(server, [{"call_id": call_id, "name": "calculator",
-                                                 "arguments": {"expression": "1"}}]).content)[0]
+    result = decode_results(
+        post_calls(
+            server, [{"call_id": call_id, "name": "calculator", "arguments": {"expression": "1"}}]
+        ).content
+    )[0]
     assert result.error.kind == "bad_request" and "already used" in result.error.message
 
 
@@ -107,7 +112,9 @@ def test_cacheable_tool_is_answered_from_cache(server):
 
 def test_output_is_truncated_with_a_visible_marker(server):
     result = decode_results(
-        post_calls(server, [{"call_id": uuid.uuid4().hex, "name": "big_output", "arguments": {"chars": 5000}}]).content
+        post_calls(
+            server, [{"call_id": uuid.uuid4().hex, "name": "big_output", "arguments": {"chars": 5000}}]
+        ).content
     )[0]
     text = result.content[0]["text"]
     assert text.startswith("x" * 1000)
@@ -125,11 +132,16 @@ def test_output_is_truncated_with_a_visible_marker(server):
         (b'{"calls": [{"call_id": "a", "name": ""}]}', "calls[0].name must be a non-empty string"),
         (b'{"calls": [{"call_id": "a", "name": "echo", "arguments": [1]}]}', "arguments must be an object"),
         (b'{"calls": [{"call_id": 5, "name": "echo"}]}', "call_id must be a non-empty string"),
-        (b'{"calls": [{"call_id": "a", "name": "echo", "session": 7}]}', "session must be a non-empty string"),
+        (
+            b'{"calls": [{"call_id": "a", "name": "echo", "session": 7}]}',
+            "session must be a non-empty string",
+        ),
     ],
 )
 def test_malformed_batches_get_400_with_a_clear_message(server, body, needle):
-    response = httpx.post(server.url + "/v1/calls", content=body, headers={"content-type": "application/json"})
+    response = httpx.post(
+        server.url + "/v1/calls", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["kind"] == "bad_request" and needle in error["message"]
@@ -149,7 +161,9 @@ def test_oversized_body_gets_413(tmp_path):
                 yield b'{"call_id": "a", "name": "echo"},'
             yield b"]}"
 
-        streamed = httpx.post(srv.url + "/v1/calls", content=chunks())  # no Content-Length: counted as it streams
+        streamed = httpx.post(
+            srv.url + "/v1/calls", content=chunks()
+        )  # no Content-Length: counted as it streams
         assert streamed.status_code == 413
         many = {"calls": [{"call_id": str(i), "name": "echo"} for i in range(4)]}
         response = httpx.post(srv.url + "/v1/calls", json=many)
@@ -189,8 +203,14 @@ def test_health_ready_metrics_openapi(server):
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
     post_calls(server, [{"call_id": uuid.uuid4().hex, "name": "echo", "arguments": {"text": "m"}}])
     metrics = httpx.get(server.url + "/metrics").text
-    for name in ("toolfactory_calls_total", "toolfactory_call_seconds_bucket", "toolfactory_calls_in_flight",
-                 "toolfactory_queue_depth", "toolfactory_sessions", "toolfactory_batch_size"):
+    for name in (
+        "toolfactory_calls_total",
+        "toolfactory_call_seconds_bucket",
+        "toolfactory_calls_in_flight",
+        "toolfactory_queue_depth",
+        "toolfactory_sessions",
+        "toolfactory_batch_size",
+    ):
         assert name in metrics
     assert 'toolfactory_calls_total{outcome="ok",tool="echo"}' in metrics
     spec = httpx.get(server.url + "/openapi.json").json()

@@ -8,8 +8,8 @@ import sys
 import uuid
 
 import httpx
-import yaml
 import httpx2
+import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -26,7 +26,10 @@ def test_batch_beyond_capacity_gets_429_with_retry_after_and_server_recovers():
 
         async def scenario() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
             async with httpx.AsyncClient(base_url=srv.url, timeout=30) as client:
-                slow = [{"call_id": uuid.uuid4().hex, "name": "sleep", "arguments": {"seconds": 1.0}} for _ in range(5)]
+                slow = [
+                    {"call_id": uuid.uuid4().hex, "name": "sleep", "arguments": {"seconds": 1.0}}
+                    for _ in range(5)
+                ]
                 first = asyncio.create_task(client.post("/v1/calls", json={"calls": slow}))
                 await asyncio.sleep(0.3)  # the first batch now holds all 5 places (2 running + 3 queued)
                 extra = [{"call_id": uuid.uuid4().hex, "name": "echo_async", "arguments": {}}]
@@ -51,10 +54,14 @@ def test_auth_required_and_toolset_scoped_tokens():
         call = {"call_id": uuid.uuid4().hex, "name": "echo", "arguments": {"text": "hi"}}
         anonymous = httpx.post(srv.url + "/v1/calls", json={"calls": [call]})
         assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"].startswith("Bearer")
-        wrong = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, headers={"Authorization": "Bearer nope"})
+        wrong = httpx.post(
+            srv.url + "/v1/calls", json={"calls": [call]}, headers={"Authorization": "Bearer nope"}
+        )
         assert wrong.status_code == 401
         assert httpx.get(srv.url + "/healthz").status_code == 200  # public
-        ok = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, headers={"Authorization": f"Bearer {TOKEN_ALL}"})
+        ok = httpx.post(
+            srv.url + "/v1/calls", json={"calls": [call]}, headers={"Authorization": f"Bearer {TOKEN_ALL}"}
+        )
         assert ok.status_code == 200 and not decode_results(ok.content)[0].is_error
 
         math_headers = {"Authorization": f"Bearer {TOKEN_MATH}"}
@@ -62,7 +69,9 @@ def test_auth_required_and_toolset_scoped_tokens():
             {"call_id": uuid.uuid4().hex, "name": "echo", "arguments": {}},
             {"call_id": uuid.uuid4().hex, "name": "calculator", "arguments": {"expression": "2**10"}},
         ]
-        scoped = decode_results(httpx.post(srv.url + "/v1/calls", json={"calls": calls}, headers=math_headers).content)
+        scoped = decode_results(
+            httpx.post(srv.url + "/v1/calls", json={"calls": calls}, headers=math_headers).content
+        )
         assert scoped[0].error.kind == "unauthorized"
         assert scoped[1].structured["result"] == 1024
         listed = httpx.get(srv.url + "/v1/tools", params={"toolset": "*"}, headers=math_headers).json()
@@ -76,7 +85,9 @@ def test_auth_required_and_toolset_scoped_tokens():
                 assert result.structured_content["text"] == "through mcp"
 
         asyncio.run(mcp_calls())
-        unauthenticated_mcp = httpx.post(srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        unauthenticated_mcp = httpx.post(
+            srv.url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        )
         assert unauthenticated_mcp.status_code == 401
 
 
@@ -88,7 +99,10 @@ def test_auth_off_by_default_on_loopback(server):
 def test_non_loopback_bind_without_tokens_is_refused():
     proc = subprocess.run(
         [sys.executable, "-m", "tool_server.cli", "serve", "--host", "0.0.0.0", "--port", "0"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "TOOLFACTORY_TOKENS": ""},
     )
     assert proc.returncode == 2
@@ -100,7 +114,10 @@ def test_short_tokens_are_a_configuration_error(tmp_path):
     config.write_text(yaml.safe_dump(server_config()))
     proc = subprocess.run(
         [sys.executable, "-m", "tool_server.cli", "serve", "--port", "0", "--config", str(config)],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={"PATH": "/usr/bin:/bin", "TOOLFACTORY_TOKENS": "short"},
     )
     assert proc.returncode != 0

@@ -70,10 +70,26 @@ def running_server(
             path.write_text(yaml.safe_dump(config))
         else:
             path = Path(config)
-        cmd = [sys.executable, "-m", "tool_server.cli", "serve", "--config", str(path), "--host", host, "--port", "0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tool_server.cli",
+            "serve",
+            "--config",
+            str(path),
+            "--host",
+            host,
+            "--port",
+            "0",
+        ]
         proc_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.Popen(
-            cmd + (extra_args or []), cwd=REPO, env=proc_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            cmd + (extra_args or []),
+            cwd=REPO,
+            env=proc_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         log: list[str] = []
         found: list[str] = []

@@ -1,0 +1,88 @@
+"""Graceful shutdown, config inheritance and the container files."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from protocol import decode_results
+from tests.support.server import REPO, running_server, server_config
+from tool_server.config import load_config
+
+
+def test_sigterm_lets_in_flight_calls_finish():
+    with running_server(server_config(server={"shutdown_grace_s": 10})) as srv:
+        outcome: dict = {}
+
+        def slow_call() -> None:
+            body = {"calls": [{"call_id": uuid.uuid4().hex, "name": "sleep", "arguments": {"seconds": 1.5}}]}
+            outcome["response"] = httpx.post(srv.url + "/v1/calls", json=body, timeout=30)
+
+        worker = threading.Thread(target=slow_call)
+        worker.start()
+        time.sleep(0.5)
+        srv.proc.send_signal(signal.SIGTERM)
+        worker.join(30)
+        assert srv.proc.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal after a clean stop
+        response = outcome["response"]
+        assert response.status_code == 200
+        assert decode_results(response.content)[0].structured == {"slept": 1.5}
+
+
+def test_extends_builtin_merges_and_overrides(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: builtin\nlimits:\n  max_concurrency: 3\n")
+    config = load_config(child, environ={})
+    builtin = load_config(None, environ={})
+    assert config.limits.max_concurrency == 3
+    assert config.limits.max_queue == builtin.limits.max_queue
+    assert [t.target for t in config.tools] == [t.target for t in builtin.tools]
+
+
+def test_container_config_loads():
+    config = load_config(REPO / "compose" / "config.yaml", environ={})
+    assert config.server.host == "0.0.0.0"
+    assert config.server.shutdown_grace_s < 30
+
+
+def test_compose_file_and_dockerfile_are_consistent():
+    compose = yaml.safe_load((REPO / "compose" / "docker-compose.yml").read_text())
+    service = compose["services"]["tool-server"]
+    assert service["build"]["dockerfile"] == "compose/Dockerfile"
+    assert any(v.endswith(":/config/config.yaml:ro") for v in service["volumes"])
+    assert "TOOLFACTORY_TOKENS" in service["environment"]
+    dockerfile = (REPO / "compose" / "Dockerfile").read_text()
+    assert "HEALTHCHECK" in dockerfile and "/healthz" in dockerfile
+    assert "USER toolfactory" in dockerfile
+    assert '"tool-server", "serve", "--config", "/config/config.yaml"' in dockerfile
+    for copied in ("protocol", "tool_server", "tools"):
+        assert (REPO / copied).is_dir()
+
+
+def _compose_available() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(
+    not _compose_available(), reason="the docker compose plugin is not installed on this machine"
+)
+def test_docker_compose_config_validates():
+    proc = subprocess.run(
+        ["docker", "compose", "-f", str(Path("compose") / "docker-compose.yml"), "config", "--quiet"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"TOOLFACTORY_TOKENS": "x" * 20, "PATH": "/usr/bin:/bin:/usr/local/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
