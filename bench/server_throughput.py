@@ -1,0 +1,241 @@
+"""Server throughput: the same trivial tool through five paths, side by side in one run.
+
+(a) the executor in-process, (b) /v1/calls with 64 calls per POST, (c) /v1/calls with
+one call per POST, (d) MCP 2026-07-28 as raw POSTs (ours, and the MCP SDK's own
+low-level server as the baseline), (e) the official MCP client. Each at 32 and 1024
+concurrent callers; one uvicorn worker per server; the load generator runs in this
+process (the other core). Prints a markdown table with ratios.
+
+    python bench/server_throughput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.loadgen import LoadResult, build_post, percentile, run_load  # noqa: E402
+from protocol import Call  # noqa: E402
+from tests.support.server import running_server, server_config  # noqa: E402
+
+MCP_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "MCP-Protocol-Version": "2026-07-28",
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "echo",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def row(name: str, concurrency: int, calls: int, result: LoadResult, per_request_calls: int = 1) -> dict:
+    return {
+        "path": name,
+        "callers": concurrency,
+        "calls_per_s": calls / result.wall_s,
+        "p50_ms": percentile(result.latencies, 0.50) * 1000,
+        "p99_ms": percentile(result.latencies, 0.99) * 1000,
+        "errors": result.errors,
+        "calls": calls,
+        "per_request": per_request_calls,
+    }
+
+
+async def bench_in_process(concurrency: int, total: int) -> dict:
+    from tool_server.app import build_registry
+    from tool_server.config import config_from_dict
+    from tool_server.executor import Executor
+
+    config = config_from_dict(server_config(), environ={})
+    executor = Executor(build_registry(config), config)
+    await executor.start()
+    result = LoadResult()
+    counter = iter(range(total))
+
+    async def caller() -> None:
+        for i in counter:
+            start = time.perf_counter()
+            r = await executor.run_one(Call(f"c{i}", "echo", {"text": "hi"}))
+            result.latencies.append(time.perf_counter() - start)
+            result.errors += r.is_error
+            result.requests += 1
+            if i % 64 == 0:
+                await asyncio.sleep(0)  # let other callers interleave, as a server would
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - start
+    await executor.stop()
+    return row("(a) executor in-process", concurrency, total, result)
+
+
+def batch_maker(url: str, size: int, prefix: str):
+    def make(i: int) -> bytes:
+        calls = [
+            {"call_id": f"{prefix}{i}-{j}", "name": "echo", "arguments": {"text": "hi"}} for j in range(size)
+        ]
+        return build_post(url, orjson.dumps({"calls": calls}))
+
+    return make
+
+
+def mcp_maker(url: str):
+    def make(i: int) -> bytes:
+        body = {
+            "jsonrpc": "2.0",
+            "id": i,
+            "method": "tools/call",
+            "params": {"name": "echo", "arguments": {"text": "hi"}, "_meta": MCP_META},
+        }
+        return build_post(url, orjson.dumps(body), MCP_HEADERS)
+
+    return make
+
+
+def ok_batch(status: int, body: bytes) -> bool:
+    return not any(r["is_error"] for r in orjson.loads(body)["results"])
+
+
+def ok_mcp(status: int, body: bytes) -> bool:
+    data = orjson.loads(body)
+    return "result" in data and not data["result"].get("isError")
+
+
+async def bench_official_client(url: str, concurrency: int, total: int) -> dict:
+    from mcp import Client
+
+    result = LoadResult()
+    per_client = max(1, total // concurrency)
+
+    async def caller() -> None:
+        async with Client(url, mode="2026-07-28") as client:
+            for _ in range(per_client):
+                start = time.perf_counter()
+                try:
+                    r = await client.call_tool("echo", {"text": "hi"})
+                    result.errors += bool(r.is_error)
+                except Exception:
+                    result.errors += 1
+                result.latencies.append(time.perf_counter() - start)
+                result.requests += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - start
+    return row("(e) official MCP client", concurrency, per_client * concurrency, result)
+
+
+async def run_all(server_url: str, baseline_url: str, quick: bool) -> list[dict]:
+    scale = 0.2 if quick else 1.0
+    rows = []
+    for concurrency in (32, 1024):
+        n = lambda base: max(concurrency, int(base * scale))  # noqa: E731
+        rows.append(await bench_in_process(concurrency, n(200_000)))
+        batches = n(3000)
+        r = await run_load(
+            server_url + "/v1/calls",
+            batch_maker(server_url + "/v1/calls", 64, f"b{concurrency}-"),
+            concurrency=concurrency,
+            total_requests=batches,
+            check=ok_batch,
+        )
+        rows.append(row("(b) /v1/calls, 64 per POST", concurrency, r.requests * 64, r, 64))
+        singles = n(20_000)
+        r = await run_load(
+            server_url + "/v1/calls",
+            batch_maker(server_url + "/v1/calls", 1, f"s{concurrency}-"),
+            concurrency=concurrency,
+            total_requests=singles,
+            check=ok_batch,
+        )
+        rows.append(row("(c) /v1/calls, 1 per POST", concurrency, r.requests, r))
+        mcp_n = n(8000)
+        r = await run_load(
+            server_url + "/mcp/test",
+            mcp_maker(server_url + "/mcp/test"),
+            concurrency=concurrency,
+            total_requests=mcp_n,
+            check=ok_mcp,
+        )
+        rows.append(row("(d) MCP 2026-07-28 raw POST (ours)", concurrency, r.requests, r))
+        r = await run_load(
+            baseline_url + "/mcp",
+            mcp_maker(baseline_url + "/mcp"),
+            concurrency=concurrency,
+            total_requests=mcp_n,
+            check=ok_mcp,
+        )
+        rows.append(row("(d0) MCP SDK low-level server (baseline)", concurrency, r.requests, r))
+        rows.append(await bench_official_client(server_url + "/mcp/test", concurrency, n(2048)))
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    lines = [
+        "| path | callers | calls/s | p50 ms | p99 ms | errors | × MCP (d) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mcp = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == r["callers"])
+        lines.append(
+            f"| {r['path']} | {r['callers']} | {r['calls_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['errors']} | {r['calls_per_s'] / mcp['calls_per_s']:.1f}× |"
+        )
+    for c in sorted({r["callers"] for r in rows}):
+        ours = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == c)
+        base = next(x for x in rows if x["path"].startswith("(d0)") and x["callers"] == c)
+        batch = next(x for x in rows if x["path"].startswith("(b)") and x["callers"] == c)
+        lines.append(
+            f"\n{c} callers: batched/MCP = {batch['calls_per_s'] / ours['calls_per_s']:.1f}×; "
+            f"SDK baseline/ours on MCP = {base['calls_per_s'] / ours['calls_per_s']:.2f}× (target ≤ 1.2×)"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a fifth of the requests (a smoke run)")
+    args = parser.parse_args()
+    port = free_port()
+    baseline = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("sdk_baseline_server.py")), str(port)]
+    )
+    try:
+        with running_server(server_config()) as server:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.1)
+            rows = asyncio.run(run_all(server.url, f"http://127.0.0.1:{port}", args.quick))
+    finally:
+        baseline.terminate()
+        baseline.wait(10)
+    print(f"\nserver throughput — {os.cpu_count()} cores, one uvicorn worker per server\n")
+    print(render(rows))
+
+
+if __name__ == "__main__":
+    main()
