@@ -148,7 +148,10 @@ async def run_all(server_url: str, baseline_url: str, quick: bool) -> list[dict]
     scale = 0.2 if quick else 1.0
     rows = []
     for concurrency in (32, 1024):
-        n = lambda base: max(concurrency, int(base * scale))  # noqa: E731
+
+        def n(base: int, concurrency: int = concurrency) -> int:
+            return max(concurrency, int(base * scale))
+
         rows.append(await bench_in_process(concurrency, n(200_000)))
         batches = n(3000)
         r = await run_load(
