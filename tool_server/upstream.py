@@ -175,8 +175,14 @@ class _WatchedReadStream:
 
 
 @contextlib.asynccontextmanager
-async def _watched(transport: Any, on_end: Callable[[], None]) -> AsyncIterator[tuple[Any, Any]]:
-    async with transport as (read_stream, write_stream):
+async def _watched(
+    transport: Any, on_end: Callable[[], None], owned: Any = None
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The transport with its read stream watched; ``owned`` (an HTTP client) is closed after it."""
+    async with contextlib.AsyncExitStack() as stack:
+        if owned is not None:
+            await stack.enter_async_context(owned)
+        read_stream, write_stream = await stack.enter_async_context(transport)
         yield _WatchedReadStream(read_stream, on_end), write_stream
 
 
@@ -195,6 +201,8 @@ class UpstreamServer:
         connect_timeout_s: deadline of the handshake and tool listing on each (re)connect.
         restart_backoff: (first, max) delay in seconds between reconnect attempts; it
             doubles after each failure and resets once a connection stayed up ``max`` seconds.
+        health_interval_s: how often the connection is probed with ``tools/list`` (None:
+            never); a probe that fails or takes longer than ``call_timeout_s`` reconnects.
         errlog: where a stdio server's stderr goes; by default a temporary file whose
             tail is quoted in ``last_error`` when the process dies.
     """
@@ -209,6 +217,7 @@ class UpstreamServer:
         call_timeout_s: float = 30.0,
         connect_timeout_s: float = 20.0,
         restart_backoff: tuple[float, float] = (0.5, 30.0),
+        health_interval_s: float | None = 30.0,
         errlog: TextIO | None = None,
     ) -> None:
         if not name or _TOOL_NAME_OK.search(name):
@@ -229,12 +238,16 @@ class UpstreamServer:
                 f"restart_backoff must be (first, max) with 0 < first <= max, got {restart_backoff}"
             )
         self.restart_backoff = (float(first), float(most))
+        if health_interval_s is not None and health_interval_s <= 0:
+            raise ValueError(f"health_interval_s must be > 0 or None, got {health_interval_s}")
+        self.health_interval_s = health_interval_s
         self._errlog = errlog
 
         self._state: State = "stopped"
         self._restarts = 0
         self._last_error: str | None = None
         self._connected_at: float | None = None
+        self._protocol_version: str | None = None
         self._client: Client | None = None
         self._tools: list[dict[str, Any]] = []
         self._upstream_names: dict[str, str] = {}  # local (sanitized) name -> upstream name
@@ -284,6 +297,7 @@ class UpstreamServer:
             "restarts": self._restarts,
             "last_error": self._last_error,
             "tools": len(self._tools),
+            "protocol_version": self._protocol_version,
             "uptime_s": round(time.monotonic() - self._connected_at, 3) if self._connected_at else None,
         }
 
@@ -446,7 +460,7 @@ class UpstreamServer:
             headers=self.spec.headers or None,
             timeout=httpx2.Timeout(self.connect_timeout_s, read=max(self.call_timeout_s, 300.0)),
         )
-        return _watched(streamable_http_client(self.spec.url, http_client=http), on_end)
+        return _watched(streamable_http_client(self.spec.url, http_client=http), on_end, owned=http)
 
     def _describe(self, exc: BaseException) -> str:
         if isinstance(exc, FileNotFoundError) and isinstance(self.spec, StdioSpec):
@@ -503,15 +517,13 @@ class UpstreamServer:
             transport = self._transport(lambda: self._lost("the connection ended (process exited?)"))
             async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as client:
                 await self._load_tools(client)
+                self._protocol_version = client.protocol_version
                 self._client = client
                 self._connected_at = up_since = time.monotonic()
                 self._state = "ready"
                 self._signal_attempted()
                 logger.info("upstream %s ready (%d tools)", self.name, len(self._tools))
-                while not wake.is_set():
-                    with anyio.move_on_after(30):
-                        await wake.wait()
-                    self._trim_stderr()
+                await self._watch(client, wake)
         except Exception as exc:  # every failure becomes last_error; the loop retries
             if not self._stopping:
                 self._last_error = self._describe(exc)
@@ -524,16 +536,37 @@ class UpstreamServer:
             self._signal_attempted()
         return None if up_since is None else time.monotonic() - up_since
 
+    async def _watch(self, client: Client, wake: anyio.Event) -> None:
+        """Wait for the connection to end; meanwhile probe it now and then.
+
+        A dead stdio process shows itself by closing its stdout, but a hung one or an HTTP
+        server that went away while idle does not: a periodic ``tools/list`` finds both,
+        and also picks up a changed tool list.
+        """
+        while not wake.is_set():
+            with anyio.move_on_after(self.health_interval_s or 30.0):
+                await wake.wait()
+            if wake.is_set():
+                return
+            self._trim_stderr()
+            if self.health_interval_s is None:
+                continue
+            try:
+                with anyio.fail_after(min(self.connect_timeout_s, self.call_timeout_s)):
+                    await self._load_tools(client, refresh=True)
+            except Exception as exc:  # any failure of the probe means the connection is not usable
+                self._lost(f"health check failed: {self._describe(exc)}")
+
     def _signal_attempted(self) -> None:
         if self._attempted is not None:
             self._attempted.set()
 
-    async def _load_tools(self, client: Client) -> None:
+    async def _load_tools(self, client: Client, *, refresh: bool = False) -> None:
         descriptors: list[dict[str, Any]] = []
         names: dict[str, str] = {}
         cursor: str | None = None
         for _ in range(_MAX_LIST_PAGES):
-            page = await client.list_tools(cursor=cursor)
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
             for tool in page.tools:
                 local = _TOOL_NAME_OK.sub("_", tool.name)
                 if local in names:
@@ -573,7 +606,8 @@ def load_upstreams(config: dict[str, Any] | None, **defaults: Any) -> list[Upstr
     """Build one UpstreamServer per ``mcpServers`` entry (not started); config errors raise ValueError.
 
     An entry may carry ``"disabled": true`` (skipped) and, besides the desktop-client
-    keys, ``namespace``, ``call_timeout_s`` and ``restart_backoff`` overrides.
+    keys, per-server overrides of ``namespace``, ``separator``, ``call_timeout_s``,
+    ``connect_timeout_s``, ``restart_backoff`` and ``health_interval_s``.
     """
     servers: list[UpstreamServer] = []
     for name, entry in (config or {}).items():
@@ -583,7 +617,14 @@ def load_upstreams(config: dict[str, Any] | None, **defaults: Any) -> list[Upstr
         if spec.pop("disabled", False):
             continue
         options = dict(defaults)
-        for key in ("namespace", "separator", "call_timeout_s", "connect_timeout_s", "restart_backoff"):
+        for key in (
+            "namespace",
+            "separator",
+            "call_timeout_s",
+            "connect_timeout_s",
+            "restart_backoff",
+            "health_interval_s",
+        ):
             if key in spec:
                 options[key] = spec.pop(key)
         if "restart_backoff" in options:

@@ -22,9 +22,16 @@ schema = schemathesis.openapi.from_dict(openapi_spec())
 
 
 @pytest.fixture(scope="module")
-def fuzz_server() -> Iterator[ServerProcess]:
-    # A search stand-in is not needed: /retrieve answers 404 when no search tool is configured.
-    with running_server(server_config()) as proc:
+def fuzz_server(tmp_path_factory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("fuzz")
+    corpus = tmp / "docs.jsonl"
+    corpus.write_text('{"id": "1", "title": "Fuzz", "contents": "a tiny corpus so /retrieve is served"}\n')
+    config = server_config()
+    config["tools"] = config["tools"] + [
+        {"target": "tools.search:SearchTool", "args": {"corpus": str(corpus), "cache_dir": str(tmp)}}
+    ]
+    config["verifiers"] = [{"target": "tools.verifiers.match:exact_match"}]
+    with running_server(config) as proc:
         yield proc
 
 
