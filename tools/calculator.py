@@ -257,7 +257,7 @@ def _structured_value(value: Number) -> Number | str:
     return value
 
 
-@tool(name="calculator", cacheable=True, timeout_s=5)
+@tool(name="calculator", cacheable=True, timeout_s=5, blocking=False)  # bounded: microseconds
 def calculator(
     expression: Annotated[
         str,
