@@ -1,0 +1,499 @@
+"""The engine-agnostic rollout core: generate -> parse -> invoke -> update, per trajectory.
+
+One coroutine runs one trajectory; ``RolloutCore.run_batch`` runs them all concurrently,
+so a slow tool or a long generation in one trajectory never blocks another. Per turn:
+
+1. **Generate** from ``prompt_ids + response_ids`` (token ids in, ids + log-probs out). The
+   generated ids are appended as they are (mask 1, their log-probs); they are decoded
+   only to be parsed.
+2. **Parse** the turn's text with the configured format; malformed calls become error
+   observations for the model, never exceptions.
+3. **Invoke** the calls through a ``ToolInvoker`` (the batched HTTP client, or anything
+   with the same two methods), with the trajectory's session id on every call.
+4. **Update**: render the results as an observation token delta (``templates``) and
+   append it with mask 0 and log-prob 0, enforcing the observation, call, turn and
+   total-length budgets.
+
+The output ``Trajectory`` carries what veRL's ``AgentLoopOutput`` needs. The session is
+released at the end of every trajectory, also when generation or a tool fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+import orjson
+
+import protocol
+from trainer_client.backends.base import STOP_ABORTED, STOP_LENGTH, Generator
+from trainer_client.parsers import ParsedCall, ToolCallParser, get_parser
+from trainer_client.templates import ObservationRenderer, make_renderer
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MARKER = "\n...[truncated {n} tokens]"
+
+
+@runtime_checkable
+class ToolInvoker(Protocol):
+    """Runs tool calls for the rollout. Results come back one per call, in order."""
+
+    async def call_tools(self, calls: list[protocol.Call]) -> list[protocol.Result]: ...
+
+    async def release_session(self, session_id: str) -> None: ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """Scores finished trajectories (e.g. the tool server's ``/v1/verify``)."""
+
+    async def verify(self, requests: list[protocol.VerifyRequest]) -> list[protocol.VerifyResult]: ...
+
+
+class StopReason(StrEnum):
+    """Why a trajectory ended."""
+
+    ANSWER = "answer"  # the model gave a final <answer>
+    EOS = "eos"  # the model ended its turn (EOS) without a call or an answer
+    MAX_TURNS = "max_turns"  # the turn budget ran out while the model was still calling tools
+    LENGTH = "length"  # the response-length budget (or a turn's max_tokens) ran out
+    NO_TOOL_CALL = "no_tool_call"  # generation stopped without EOS, call or answer
+    ERROR = "error"  # generation, a tool invocation or the renderer failed (see Trajectory.error)
+
+
+@dataclass
+class RolloutConfig:
+    """Everything that shapes a rollout. Budgets are per trajectory unless noted.
+
+    ``max_obs_tokens`` bounds the content tokens of one observation turn (the tool
+    results of that turn together, template tokens not counted): longer results are
+    cut, to within a token or two, and end with a visible ``truncation_marker``. ``response_length`` bounds all response tokens (model + observation),
+    as veRL's ``rollout.response_length``. ``tool_result_template`` None renders results
+    as ``tool`` messages with the chat template; a text template such as
+    ``templates.SEARCH_R1_TEMPLATE`` (or ``"search_r1"``) puts them inside the assistant
+    turn. ``toolset`` names the server toolset; the invoker is built for it (the core
+    only records it).
+    """
+
+    format: str = "hermes"
+    parser_options: dict[str, Any] = field(default_factory=dict)
+    max_turns: int = 4
+    max_calls_per_turn: int = 4
+    max_obs_tokens: int = 512
+    response_length: int = 1024
+    sampling_params: dict[str, Any] = field(default_factory=lambda: {"temperature": 1.0, "top_p": 1.0})
+    tool_result_template: str | None = None
+    toolset: str | None = None
+    verifier: str | None = None
+    verifier_arguments: dict[str, Any] = field(default_factory=dict)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    truncation_marker: str = TRUNCATION_MARKER
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "max_calls_per_turn", "max_obs_tokens", "response_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RolloutConfig.{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class Task:
+    """One prompt to roll out. ``tools`` are JSON tool schemas given to the chat template."""
+
+    messages: list[dict[str, Any]]
+    ground_truth: Any = None
+    tools: list[dict[str, Any]] | None = None
+    verifier: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Trajectory:
+    """One finished rollout, shaped like veRL's ``AgentLoopOutput`` (plus inspection data).
+
+    ``response_mask`` is 1 for model tokens and 0 for observation/template tokens;
+    ``response_logprobs`` holds the sampling log-probs of model tokens and 0.0 elsewhere.
+    ``num_turns`` counts as veRL does: 1 (the prompt) + assistant turns + observation turns.
+    """
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    num_turns: int
+    stop_reason: StopReason
+    session_id: str
+    messages: list[dict[str, Any]]
+    final_answer: str | None = None
+    reward_score: float | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    task: Task | None = None
+
+
+def result_text(result: protocol.Result) -> str:
+    """The observation a model sees for one result: its text, else its structured output."""
+    text = result.text
+    if not text and result.structured is not None:
+        text = orjson.dumps(result.structured, default=str).decode()
+    if result.is_error and not text and result.error is not None:
+        text = f"Error ({result.error.kind.value}): {result.error.message}"
+    return text
+
+
+class RolloutCore:
+    """Runs trajectories against a generator and a tool invoker.
+
+    Build one per (tokenizer, config); it is safe to share between concurrent
+    trajectories and cheap to call ``run`` on. The renderer and parser default to the
+    ones named in ``config``.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        generator: Generator,
+        invoker: ToolInvoker,
+        config: RolloutConfig | None = None,
+        *,
+        verifier: Verifier | None = None,
+        renderer: ObservationRenderer | None = None,
+        parser: ToolCallParser | None = None,
+    ) -> None:
+        self.config = config or RolloutConfig()
+        self.tokenizer = tokenizer
+        self.generator = generator
+        self.invoker = invoker
+        self.verifier = verifier
+        self.parser = parser or get_parser(self.config.format, **self.config.parser_options)
+        self.renderer = renderer or make_renderer(
+            tokenizer, self.config.tool_result_template, chat_template_kwargs=self.config.chat_template_kwargs
+        )
+        self.codec = getattr(self.renderer, "codec", None) or _Codec(tokenizer)
+        self.eos_token_ids = frozenset(self.renderer.eos_token_ids)
+
+    # ------------------------------------------------------------------ public API
+
+    async def run_batch(
+        self,
+        tasks: Sequence[Task],
+        *,
+        max_concurrency: int | None = None,
+        sampling_params: dict[str, Any] | None = None,
+    ) -> list[Trajectory]:
+        """Roll out all tasks concurrently; results in task order."""
+        gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
+        async def one(task: Task) -> Trajectory:
+            if gate is None:
+                return await self.run(task, sampling_params=sampling_params)
+            async with gate:
+                return await self.run(task, sampling_params=sampling_params)
+
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+    async def run(
+        self,
+        task: Task,
+        *,
+        session_id: str | None = None,
+        sampling_params: dict[str, Any] | None = None,
+    ) -> Trajectory:
+        """Roll out one task. ``sampling_params`` override the config's for this trajectory
+        (veRL passes its own per call, e.g. greedy for validation).
+
+        Never raises for model, tool or generator failures: they end the trajectory with
+        ``StopReason.ERROR`` and the message in ``Trajectory.error``."""
+        state = _State(task, session_id or protocol.new_session_id())
+        try:
+            state.prompt_ids = self.renderer.prompt_ids(task.messages, task.tools)
+            await self._loop(state, {**self.config.sampling_params, **(sampling_params or {})})
+            await self._verify(state)
+        except Exception as exc:
+            logger.exception("trajectory %s failed", state.session_id)
+            state.stop_reason = StopReason.ERROR
+            state.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await self._release(state)
+        return state.to_trajectory()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _loop(self, s: _State, sampling_params: dict[str, Any]) -> None:
+        cfg = self.config
+        base_params = dict(sampling_params)
+        stops = list(base_params.get("stop") or ())
+        base_params["stop"] = stops + [x for x in self.parser.stop_strings if x not in stops]
+        base_params["logprobs"] = True
+        turn_cap = base_params.pop("max_tokens", base_params.pop("max_new_tokens", None))
+
+        for turn in range(cfg.max_turns):
+            remaining = cfg.response_length - len(s.response_ids)
+            if remaining <= 0:
+                s.stop_reason = StopReason.LENGTH
+                return
+            params = dict(base_params)
+            params["max_tokens"] = remaining if turn_cap is None else min(int(turn_cap), remaining)
+
+            started = time.perf_counter()
+            output = await self.generator.generate(
+                s.session_id, prompt_ids=s.prompt_ids + s.response_ids, sampling_params=params
+            )
+            s.metrics["generate_s"] += time.perf_counter() - started
+            if output.stop_reason == STOP_ABORTED:
+                raise RuntimeError("the generation engine aborted the request")
+
+            cpu_start = time.perf_counter()
+            turn_ids = list(output.token_ids)[:remaining]
+            log_probs = list(output.log_probs)[: len(turn_ids)] if output.log_probs is not None else []
+            if len(log_probs) != len(turn_ids):
+                s.metrics["missing_logprobs"] = True
+                log_probs = log_probs + [0.0] * (len(turn_ids) - len(log_probs))
+            s.append(turn_ids, 1, log_probs)
+            s.assistant_turns += 1
+
+            ended_with_eos = bool(turn_ids) and turn_ids[-1] in self.eos_token_ids
+            text = self.codec.decode(turn_ids[:-1] if ended_with_eos else turn_ids)
+            outcome = self.parser.parse(text)
+            s.messages.append({"role": "assistant", "content": text})
+            s.metrics["parse_errors"] += len(outcome.errors)
+            s.metrics["client_s"] += time.perf_counter() - cpu_start
+
+            if outcome.final_answer is not None:
+                s.final_answer = outcome.final_answer
+                s.stop_reason = StopReason.ANSWER
+                return
+            if len(s.response_ids) >= cfg.response_length or (
+                output.stop_reason == STOP_LENGTH and not outcome.calls
+            ):
+                s.stop_reason = StopReason.LENGTH
+                return
+            if not outcome.calls and not outcome.errors:
+                s.stop_reason = StopReason.EOS if ended_with_eos else StopReason.NO_TOOL_CALL
+                return
+            if turn == cfg.max_turns - 1:
+                s.stop_reason = StopReason.MAX_TURNS
+                return
+
+            observations = await self._invoke(s, outcome.calls, outcome.errors)
+
+            cpu_start = time.perf_counter()
+            splice = self._render(observations, turn_ids, s.task.tools, s)
+            s.metrics["client_s"] += time.perf_counter() - cpu_start
+            if len(s.response_ids) + len(splice) >= cfg.response_length:
+                s.stop_reason = StopReason.LENGTH
+                return
+            s.append(splice, 0, None)
+            s.messages.extend(observations)
+            s.observation_turns += 1
+        s.stop_reason = StopReason.MAX_TURNS  # unreachable: the last turn returns above
+
+    async def _invoke(self, s: _State, parsed: list[ParsedCall], errors: list[str]) -> list[dict[str, Any]]:
+        """Run the turn's calls (up to the per-turn budget): one observation per call run,
+        then one for the calls over the budget and one for all parse errors, so a turn has
+        at most ``max_calls_per_turn + 2`` observations."""
+        limit = self.config.max_calls_per_turn
+        calls = [
+            protocol.Call(protocol.new_call_id(), c.name, c.arguments, s.session_id) for c in parsed[:limit]
+        ]
+        observations: list[dict[str, Any]] = []
+        if calls:
+            started = time.perf_counter()
+            results = await self.invoker.call_tools(calls)
+            s.metrics["tool_s"] += time.perf_counter() - started
+            if len(results) != len(calls):
+                raise RuntimeError(f"the tool invoker returned {len(results)} results for {len(calls)} calls")
+            s.metrics["calls"] += len(calls)
+            for call, result in zip(calls, results, strict=True):
+                if result.is_error:
+                    s.metrics["tool_errors"] += 1
+                observations.append({"role": "tool", "name": call.name, "content": result_text(result)})
+        dropped = parsed[limit:]
+        if dropped:
+            s.metrics["dropped_calls"] += len(dropped)
+            names = ", ".join(c.name for c in dropped)
+            observations.append(
+                {
+                    "role": "tool",
+                    "content": f"Error: not run ({names}): at most {limit} tool calls per turn are allowed",
+                }
+            )
+        if errors:
+            observations.append(
+                {"role": "tool", "content": "\n".join(f"Error: {message}" for message in errors)}
+            )
+        return observations
+
+    def _render(
+        self, observations: list[dict[str, Any]], turn_ids: list[int], tools: Any, s: _State
+    ) -> list[int]:
+        """The splice for ``observations``, their content cut to about ``max_obs_tokens``."""
+        budget = self.config.max_obs_tokens
+        splice = self.renderer.splice(observations, turn_ids, tools)
+        if len(splice.observation_ids) <= budget:
+            return splice.ids
+        empty = [dict(o, content="") for o in observations]  # memoized by the renderer after the first turn
+        overhead = len(self.renderer.splice(empty, turn_ids, tools).observation_ids)
+        if len(splice.observation_ids) - overhead <= budget:
+            return splice.ids
+        # Over budget: short results stay whole, long ones share the rest and end with a marker.
+        s.metrics["truncated_observations"] += 1
+        content_ids = [self.codec.encode(str(o.get("content") or "")) for o in observations]
+        limits = _share(budget, [len(ids) for ids in content_ids])
+        observations[:] = [
+            o if limit is None else dict(o, content=self._cut(ids, limit))
+            for o, ids, limit in zip(observations, content_ids, limits, strict=True)
+        ]
+        return self.renderer.splice(observations, turn_ids, tools).ids
+
+    def _cut(self, ids: list[int], max_tokens: int) -> str:
+        marker = self.config.truncation_marker.format(n=len(ids) - max_tokens)
+        return self.codec.decode(ids[:max_tokens]) + marker
+
+    async def _verify(self, s: _State) -> None:
+        name = s.task.verifier or self.config.verifier
+        if self.verifier is None or name is None:
+            return
+        last = next((m["content"] for m in reversed(s.messages) if m.get("role") == "assistant"), "")
+        request = protocol.VerifyRequest(
+            verifier=name,
+            ground_truth=s.task.ground_truth,
+            response=last,
+            messages=s.messages,
+            session=s.session_id,
+            arguments=dict(self.config.verifier_arguments),
+            request_id=s.session_id,
+        )
+        started = time.perf_counter()
+        try:
+            (result,) = await self.verifier.verify([request])
+        except Exception as exc:  # a failed verification leaves the reward unset
+            logger.warning("verification of %s failed: %s", s.session_id, exc)
+            s.metrics["verify_error"] = f"{type(exc).__name__}: {exc}"
+            return
+        finally:
+            s.metrics["verify_s"] = time.perf_counter() - started
+        if result.is_error:
+            s.metrics["verify_error"] = result.error.message if result.error else "verifier error"
+            return
+        s.reward_score = float(result.score)
+        s.reward_components = dict(result.components)
+
+    async def _release(self, s: _State) -> None:
+        try:
+            await self.invoker.release_session(s.session_id)
+        except Exception as exc:  # the server expires sessions anyway; never mask the result
+            logger.warning("releasing session %s failed: %s", s.session_id, exc)
+            s.metrics["release_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _share(available: int, lengths: list[int]) -> list[int | None]:
+    """Token limits per observation: None keeps it whole; an int cuts it there.
+
+    Water-filling: observations shorter than an equal share keep all their tokens, and
+    what they leave is shared among the longer ones.
+    """
+    limits: list[int | None] = [None] * len(lengths)
+    left, remaining = max(0, available), len(lengths)
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        share = left // remaining
+        if lengths[i] <= share:
+            left -= lengths[i]
+        else:
+            limits[i] = share
+            left -= share
+        remaining -= 1
+    return limits
+
+
+class _Codec:
+    """Fallback codec when a custom renderer brings none."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class _State:
+    """Mutable per-trajectory state."""
+
+    __slots__ = (
+        "task",
+        "session_id",
+        "prompt_ids",
+        "response_ids",
+        "response_mask",
+        "response_logprobs",
+        "messages",
+        "assistant_turns",
+        "observation_turns",
+        "stop_reason",
+        "final_answer",
+        "reward_score",
+        "reward_components",
+        "error",
+        "metrics",
+    )
+
+    def __init__(self, task: Task, session_id: str) -> None:
+        self.task = task
+        self.session_id = session_id
+        self.prompt_ids: list[int] = []
+        self.response_ids: list[int] = []
+        self.response_mask: list[int] = []
+        self.response_logprobs: list[float] = []
+        self.messages: list[dict[str, Any]] = list(task.messages)
+        self.assistant_turns = 0
+        self.observation_turns = 0
+        self.stop_reason = StopReason.ERROR
+        self.final_answer: str | None = None
+        self.reward_score: float | None = None
+        self.reward_components: dict[str, float] = {}
+        self.error: str | None = None
+        self.metrics: dict[str, Any] = {
+            "generate_s": 0.0,
+            "tool_s": 0.0,
+            "client_s": 0.0,
+            "calls": 0,
+            "tool_errors": 0,
+            "parse_errors": 0,
+            "dropped_calls": 0,
+            "truncated_observations": 0,
+        }
+
+    def append(self, ids: list[int], mask: int, log_probs: list[float] | None) -> None:
+        self.response_ids += ids
+        self.response_mask += [mask] * len(ids)
+        self.response_logprobs += log_probs if log_probs is not None else [0.0] * len(ids)
+
+    def to_trajectory(self) -> Trajectory:
+        self.metrics["assistant_turns"] = self.assistant_turns
+        self.metrics["observation_turns"] = self.observation_turns
+        return Trajectory(
+            prompt_ids=self.prompt_ids,
+            response_ids=self.response_ids,
+            response_mask=self.response_mask,
+            response_logprobs=self.response_logprobs,
+            num_turns=1 + self.assistant_turns + self.observation_turns,
+            stop_reason=self.stop_reason,
+            session_id=self.session_id,
+            messages=self.messages,
+            final_answer=self.final_answer,
+            reward_score=self.reward_score,
+            reward_components=self.reward_components,
+            metrics=self.metrics,
+            error=self.error,
+            task=self.task,
+        )
