@@ -40,12 +40,12 @@ def build_registry(config: Config) -> Registry:
 def build_upstreams(config: Config) -> list[Any]:
     if not config.mcpServers:
         return []
-    from tool_server.upstream import UpstreamServer
+    from tool_server.upstream import load_upstreams
 
-    return [
-        UpstreamServer(name, dict(spec), separator=config.upstream_separator)
-        for name, spec in config.mcpServers.items()
-    ]
+    try:
+        return load_upstreams(config.mcpServers, separator=config.upstream_separator)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def create_app(
@@ -74,9 +74,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await executor.start()
         for upstream in upstreams:
-            await upstream.start()
-            _register_upstream(registry, upstream, config, executor)
-            api.readiness_checks.append(_upstream_check(upstream, metrics))
+            await upstream.start()  # returns even when unreachable; a supervisor keeps reconnecting
+            _register_upstream(registry, upstream, config.default_toolset)
+            api.readiness_checks.append(_upstream_check(upstream, registry, metrics, config.default_toolset))
         async with contextlib.AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.session_manager.run())
@@ -112,21 +112,27 @@ def create_app(
     return app
 
 
-def _register_upstream(registry: Registry, upstream: Any, config: Config, executor: Executor) -> None:
+def _register_upstream(registry: Registry, upstream: Any, default_toolset: str | None) -> None:
+    """Add the upstream's tools not registered yet (it may come up, or change, after start)."""
     for descriptor in upstream.tools:
-        if descriptor["name"] in registry:
-            raise ConfigError(f"upstream tool {descriptor['name']!r} clashes with a configured tool")
-        local = descriptor["name"].split(config.upstream_separator, 1)[-1]
+        name = descriptor["name"]
+        existing = registry.get(name)
+        if existing is not None:
+            if existing.upstream is not upstream:
+                log.error("upstream tool %r clashes with a configured tool; not exposed", name)
+            continue
 
-        async def call(call: Any, timeout_s: float, _local: str = local) -> Any:
-            return await upstream.call(_local, call.arguments, timeout_s)
+        async def call(call: Any, timeout_s: float, _name: str = name) -> Any:
+            return await upstream.call(upstream.local_name(_name), call.arguments, timeout_s, call_id=call.call_id)
 
-        registry.add_upstream_tool(descriptor, upstream, call)
+        registry.add_upstream_tool(descriptor, upstream, call, [default_toolset] if default_toolset else [])
 
 
-def _upstream_check(upstream: Any, metrics: Metrics) -> Any:
+def _upstream_check(upstream: Any, registry: Registry, metrics: Metrics, default_toolset: str | None) -> Any:
     def check() -> tuple[str, bool, dict[str, Any]]:
         status = upstream.status()
+        if upstream.healthy:
+            _register_upstream(registry, upstream, default_toolset)
         metrics.upstream_up.labels(upstream.name).set(1 if upstream.healthy else 0)
         metrics.upstream_restarts.labels(upstream.name).set(status.get("restarts", 0))
         return f"upstream:{upstream.name}", bool(upstream.healthy), status

@@ -70,7 +70,7 @@ class McpEndpoint:
         self.executor = executor
         self.registry = executor.registry
         self.default_toolset = config.default_toolset
-        self._tool_cache: dict[str | None, list[types.Tool]] = {}
+        self._tool_cache: dict[tuple[str | None, int], list[types.Tool]] = {}
         self.server = Server(
             config.mcp.server_name,
             version="0.1.0",
@@ -110,7 +110,7 @@ class McpEndpoint:
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         toolset, allowed = self._scope(ctx)
-        key = toolset if allowed is None else None
+        key = (toolset, self.registry.version)
         tools = self._tool_cache.get(key) if allowed is None else None
         if tools is None:
             tools = [

@@ -123,6 +123,7 @@ class Registry:
     def __init__(self) -> None:
         self.entries: dict[str, ToolEntry] = {}
         self.toolsets: dict[str, set[str]] = {}
+        self.version = 0  # bumped on every change, so listings can be cached
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries
@@ -136,6 +137,7 @@ class Registry:
                 f"two tools are named {entry.name!r}; give one a different 'name' in the config"
             )
         self.entries[entry.name] = entry
+        self.version += 1
         for toolset in entry.toolsets:
             self.toolsets.setdefault(toolset, set()).add(entry.name)
         return entry
@@ -215,13 +217,18 @@ class Registry:
         )
 
     def add_upstream_tool(
-        self, descriptor: dict[str, Any], upstream: Any, call: Callable[..., Awaitable[Any]]
+        self,
+        descriptor: dict[str, Any],
+        upstream: Any,
+        call: Callable[..., Awaitable[Any]],
+        toolsets: Iterable[str] = (),
     ) -> None:
+        upstream_meta = (descriptor.get("_meta") or {}).get(META_KEY) or {}
         meta = ToolMeta(
             name=descriptor["name"],
             kind="upstream",
             timeout_s=getattr(upstream, "call_timeout_s", 30.0),
-            idempotent=False,
+            idempotent=bool(upstream_meta.get("idempotent", False)),
         )
         self.add(
             ToolEntry(
@@ -233,7 +240,7 @@ class Registry:
                 validate=_check_object,
                 func=call,
                 is_async=True,
-                toolsets={"upstream", f"upstream:{getattr(upstream, 'name', '')}"},
+                toolsets={"upstream", f"upstream:{getattr(upstream, 'name', '')}", *toolsets},
                 upstream=upstream,
             )
         )

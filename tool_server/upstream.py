@@ -31,7 +31,6 @@ import httpx2
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult
 
@@ -456,7 +455,8 @@ class UpstreamServer:
                     self._stderr.close()
                 self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
             return _watched(stdio_client(params, errlog=self._errlog or self._stderr), on_end)
-        http = create_mcp_http_client(
+        # Our own client (the SDK's default has no headers): read timeout long enough for SSE streams.
+        http = httpx2.AsyncClient(
             headers=self.spec.headers or None,
             timeout=httpx2.Timeout(self.connect_timeout_s, read=max(self.call_timeout_s, 300.0)),
         )
