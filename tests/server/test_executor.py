@@ -185,3 +185,20 @@ def test_default_config_is_valid():
     config = load_config(None, environ={})
     names = [spec.target for spec in config.tools]
     assert "tools.calculator:calculator" in names
+
+
+def test_default_server_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from tool_server.app import build_registry\n"
+        "from tool_server.config import load_config\n"
+        "registry = build_registry(load_config(None, environ={}))\n"
+        "assert 'search' in registry and 'python' in registry and 'verify_exact_match' in registry\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
