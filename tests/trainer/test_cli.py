@@ -1,0 +1,184 @@
+"""``trainer-client``: show, summary, help, and a tiny real rollout with SmolLM2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.support.server import running_server, server_config
+from trainer_client.cli import SUBCOMMANDS, build_parser, load_tasks, main, segments
+from trainer_client.summary import format_summary, summarize
+
+RECORD = {
+    "id": "s-abc",
+    "index": 3,
+    "sample": 1,
+    "data_source": "toolfactory/arithmetic",
+    "ground_truth": "42",
+    "reward": 1.0,
+    "reward_components": {},
+    "final_answer": "42",
+    "stop_reason": "answer",
+    "num_turns": 4,
+    "error": None,
+    "metrics": {"calls": 1, "tool_errors": 0, "parse_errors": 0, "assistant_turns": 2},
+    "messages": [{"role": "user", "content": "What is 6*7?"}, {"role": "assistant", "content": "x"}],
+    "num_prompt_messages": 1,
+    "segments": [
+        {"model": True, "text": "<tool_call>6*7</tool_call>"},
+        {"model": False, "text": "<|im_start|>tool\n42<|im_end|>\n"},
+        {"model": True, "text": "<answer>42</answer>"},
+    ],
+    "prompt_ids": [1, 2],
+    "response_ids": [5, 6, 7, 8, 9],
+    "response_mask": [1, 1, 0, 0, 1],
+    "response_logprobs": [-0.1, -0.2, 0.0, 0.0, -0.3],
+}
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    return path
+
+
+def test_show_marks_observation_tokens_without_colour(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [dict(RECORD, id="first"), RECORD])
+    assert main(["show", str(path), "--index", "1", "--color", "never", "--prompt"]) == 0
+    out = capsys.readouterr().out
+    assert "<tool_call>6*7</tool_call>[obs]<|im_start|>tool\n42<|im_end|>\n[/obs]<answer>42</answer>" in out
+    assert "trajectory s-abc" in out and "reward 1.0" in out
+    assert "tokens: 3 model, 2 observation" in out
+    assert "[user] What is 6*7?" in out
+    assert "\033[" not in out
+
+
+def test_show_colours_model_and_observation_tokens(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [RECORD])
+    assert main(["show", str(path), "--id", "s-abc", "--color", "always"]) == 0
+    out = capsys.readouterr().out
+    assert "\033[32m<tool_call>6*7</tool_call>\033[0m" in out
+    assert "\033[36m\033[2m<|im_start|>tool" in out
+    assert "[obs]" not in out
+
+
+def test_show_reports_a_missing_trajectory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_jsonl(tmp_path / "t.jsonl", [RECORD])
+    assert main(["show", str(path), "--index", "7"]) == 2
+    assert "no trajectory with index 7 (1 trajectories read)" in capsys.readouterr().err
+    assert main(["show", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_segments_split_at_mask_changes() -> None:
+    decode = lambda ids: ",".join(map(str, ids))  # noqa: E731
+    assert segments([1, 2, 3, 4, 5], [1, 1, 0, 0, 1], decode) == [
+        {"model": True, "text": "1,2"},
+        {"model": False, "text": "3,4"},
+        {"model": True, "text": "5"},
+    ]
+    assert segments([], [], decode) == []
+
+
+def test_summary_figures() -> None:
+    records = [
+        dict(RECORD, reward=1.0, index=0, sample=0),
+        dict(
+            RECORD, reward=0.0, index=0, sample=1, stop_reason="eos", metrics={"calls": 3, "tool_errors": 1}
+        ),
+        dict(RECORD, reward=0.5, index=1, sample=0, data_source="toolfactory/search_qa"),
+        dict(RECORD, reward=None, index=2, sample=0, error="RuntimeError: boom", stop_reason="error"),
+    ]
+    summary = summarize(
+        records, wall_s=2.0, client_metrics={"batches": 2, "calls": 5, "result_errors": {"timeout": 1}}
+    )
+    assert summary["trajectories"] == 4 and summary["prompts"] == 3 and summary["scored"] == 3
+    assert summary["reward_mean"] == pytest.approx(0.5)
+    assert summary["success_rate"] == pytest.approx(0.25)
+    assert summary["prompt_success_rate"] == pytest.approx(1 / 3)
+    assert summary["tool_calls"] == 6 and summary["tool_errors"] == 1
+    assert summary["model_tokens"] == 12 and summary["observation_tokens"] == 8
+    assert summary["model_tokens_per_s"] == pytest.approx(6.0)
+    assert summary["stop_reasons"] == {"answer": 2, "eos": 1, "error": 1}
+    assert summary["by_data_source"]["toolfactory/search_qa"]["reward_mean"] == 0.5
+    table = format_summary(summary)
+    assert "success rate" in table and "0.250" in table
+    assert "error: RuntimeError: boom" in table and "timeout=1" in table
+
+
+def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    build_parser()  # imports the plugin subcommands (train, verl-config)
+    assert {"rollout", "show", "summary"} <= set(SUBCOMMANDS)
+    for name in list(SUBCOMMANDS):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([name, "--help"])
+        assert exit_info.value.code == 0
+        assert f"trainer-client {name}" in capsys.readouterr().out
+
+
+def test_console_script_help() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "rollout", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0
+    assert "--verifier-args" in done.stdout and "--n N" in done.stdout
+
+
+def test_bad_arguments_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["rollout", "--data", "x.parquet", "--verifier-args", "[1, 2]"])
+    assert "must be a JSON object" in capsys.readouterr().err
+    assert main(["rollout", "--server", "http://127.0.0.1:9", "--data", str(tmp_path / "none.parquet")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def arithmetic_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    subprocess.run(
+        [sys.executable, "-m", "tools.data", "build", "--out", str(out), "--tasks", "arithmetic"]
+        + ["--arith-train", "4", "--arith-test", "4"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return out / "arithmetic" / "test.parquet"
+
+
+def test_load_tasks_reads_verl_parquet(arithmetic_data: Path) -> None:
+    rows = load_tasks(arithmetic_data, limit=2, offset=1)
+    assert [r.index for r in rows] == [1, 2]
+    assert rows[0].data_source == "toolfactory/arithmetic"
+    assert rows[0].messages[-1]["role"] == "user"
+    assert isinstance(rows[0].ground_truth, str | int)
+
+
+def test_rollout_with_smollm2_on_two_tasks(arithmetic_data: Path, tmp_path: Path) -> None:
+    config = server_config(verifiers=[{"target": "tools.verifiers.math:math_equal"}])
+    out = tmp_path / "runs" / "arith.jsonl"
+    with running_server(config) as server:
+        code = main(
+            ["rollout", "--server", server.url, "--data", str(arithmetic_data), "--limit", "2"]
+            + ["--format", "hermes", "--verifier", "math_equal", "--max-tokens", "32", "--max-turns", "2"]
+            + ["--temperature", "0", "--out", str(out), "--no-progress"]
+        )
+    assert code == 0
+    records = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert sorted(r["index"] for r in records) == [0, 1]
+    for record in records:
+        assert len(record["response_ids"]) == len(record["response_mask"]) == len(record["response_logprobs"])
+        assert record["reward"] is not None, record.get("metrics")  # scored by the server's verifier
+        assert record["error"] is None
+        first_turn = record["messages"][record["num_prompt_messages"]]["content"]
+        assert record["segments"][0]["model"] and record["segments"][0]["text"].startswith(first_turn)
+    summary = orjson.loads(out.with_suffix(".summary.json").read_bytes())
+    assert summary["trajectories"] == 2 and summary["scored"] == 2

@@ -1,0 +1,92 @@
+"""``python -m trainer_client.demo``: end to end, and the server is always stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def demo(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trainer_client.demo", *args]
+
+
+def server_url(out_dir: Path) -> str:
+    match = re.search(r"Uvicorn running on (http://\S+)", (out_dir / "server.log").read_text())
+    assert match, "the demo's server never announced its address"
+    return match.group(1)
+
+
+def assert_stopped(url: str) -> None:
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/healthz", timeout=5)
+
+
+def test_quick_demo_end_to_end(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo"
+    done = subprocess.run(
+        demo("--quick", "--out-dir", str(out_dir), "--no-progress"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "== all tasks" in done.stdout and "trajectories                    4 (4 prompts)" in done.stdout
+    for task in ("search_qa", "arithmetic"):
+        records = [orjson.loads(line) for line in (out_dir / f"{task}.jsonl").read_bytes().splitlines()]
+        assert len(records) == 2
+        assert all(r["reward"] is not None and r["error"] is None for r in records), records
+        assert (out_dir / "data" / task / "test.parquet").is_file()
+    assert "trainer-client show" in done.stdout
+    assert_stopped(server_url(out_dir))
+
+
+def test_server_is_stopped_when_the_demo_fails(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo"
+    done = subprocess.run(
+        demo("--quick", "--out-dir", str(out_dir), "--model", str(tmp_path / "no-such-model")),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert "demo: error: model" in done.stderr and "not found" in done.stderr
+    assert_stopped(server_url(out_dir))
+
+
+def test_server_is_stopped_on_interrupt(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo"
+    proc = subprocess.Popen(
+        demo("--quick", "--out-dir", str(out_dir), "--no-progress"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        log = out_dir / "server.log"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not (log.exists() and "Uvicorn running" in log.read_text()):
+            time.sleep(0.2)
+        url = server_url(out_dir)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the demo only, not its server
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    assert_stopped(url)

@@ -1,0 +1,586 @@
+"""``trainer-client``: roll out a model against a tool server, and inspect the results.
+
+Subcommands live in ``SUBCOMMANDS`` (name -> ``Subcommand``). Each one adds its own
+arguments and runs on its own; heavy imports (torch, transformers, pandas) happen
+inside ``run`` so that ``--help`` stays instant. Other modules add subcommands with
+``register_subcommand`` (``train``, ``verl-config``) and are listed in
+``PLUGIN_MODULES``, which ``main`` imports before parsing.
+
+    trainer-client rollout --server http://127.0.0.1:8000 --data arithmetic/test.parquet \\
+        --format hermes --verifier math_equal --limit 8 --n 2 --out runs/arith.jsonl
+    trainer-client show runs/arith.jsonl --index 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+
+from trainer_client.summary import format_summary, summarize
+
+SERVER_ENV = "TOOLFACTORY_URL"
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+@dataclass(frozen=True)
+class Subcommand:
+    """One ``trainer-client`` subcommand: its help, its arguments and what it runs."""
+
+    name: str
+    help: str
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str | None = None
+
+
+SUBCOMMANDS: dict[str, Subcommand] = {}
+
+# Modules that register more subcommands when imported (``train``, ``verl-config``): each
+# calls ``register_subcommand(Subcommand(...))`` at module level and keeps its heavy
+# imports inside ``run``, so that ``trainer-client --help`` stays fast.
+PLUGIN_MODULES: tuple[str, ...] = ("trainer_client.train_cli", "trainer_client.verl_config")
+
+
+def register_subcommand(command: Subcommand) -> Subcommand:
+    """Add (or replace) a subcommand; returns it, so it can be used at module level."""
+    SUBCOMMANDS[command.name] = command
+    return command
+
+
+def _load_plugins() -> None:
+    for module in PLUGIN_MODULES:
+        importlib.import_module(module)
+
+
+class CliError(Exception):
+    """A user error: printed as ``error: ...`` with exit status 2."""
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def _plain(value: Any) -> Any:
+    """Parquet/pandas values (numpy arrays, numpy scalars) as plain JSON-able Python."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None:  # numpy array or scalar
+        return _plain(tolist())
+    return value
+
+
+@dataclass
+class TaskRow:
+    """One prompt from a veRL-format dataset, with its place in the file."""
+
+    index: int
+    data_source: str
+    messages: list[dict[str, Any]]
+    ground_truth: Any
+    extra_info: dict[str, Any]
+
+
+def load_tasks(path: str | Path, *, limit: int | None = None, offset: int = 0) -> list[TaskRow]:
+    """Read veRL-format parquet (``prompt``, ``reward_model.ground_truth``, ``data_source``)."""
+    import pandas as pd
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CliError(f"dataset {path} not found (build one with: python -m tools.data build --out DIR)")
+    frame = pd.read_parquet(path)
+    if "prompt" not in frame.columns:
+        raise CliError(
+            f"{path} has no 'prompt' column; expected veRL RL-dataset parquet, got {list(frame.columns)}"
+        )
+    end = len(frame) if limit is None else min(len(frame), offset + limit)
+    rows = []
+    for i in range(offset, end):
+        row = {k: _plain(v) for k, v in frame.iloc[i].to_dict().items()}
+        messages = row["prompt"]
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise CliError(f"{path} row {i}: 'prompt' must be a list of chat messages")
+        reward_model = row.get("reward_model") or {}
+        rows.append(
+            TaskRow(
+                index=i,
+                data_source=str(row.get("data_source") or path.stem),
+                messages=[{k: v for k, v in m.items() if v is not None} for m in messages],
+                ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+                extra_info=row.get("extra_info") or {},
+            )
+        )
+    return rows
+
+
+def segments(
+    ids: Sequence[int], mask: Sequence[int], decode: Callable[[list[int]], str]
+) -> list[dict[str, Any]]:
+    """Runs of model tokens (mask 1) and observation tokens (mask 0), decoded."""
+    out: list[dict[str, Any]] = []
+    start = 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            out.append({"model": bool(mask[start]), "text": decode(list(ids[start:i]))})
+            start = i
+    return out
+
+
+def trajectory_record(
+    trajectory: Any, row: TaskRow, sample: int, decode: Callable[[list[int]], str]
+) -> dict[str, Any]:
+    """A ``rollout.Trajectory`` as one JSON-able dict (one line of the output JSONL)."""
+    return {
+        "id": trajectory.session_id,
+        "index": row.index,
+        "sample": sample,
+        "data_source": row.data_source,
+        "ground_truth": row.ground_truth,
+        "reward": trajectory.reward_score,
+        "reward_components": trajectory.reward_components,
+        "final_answer": trajectory.final_answer,
+        "stop_reason": str(trajectory.stop_reason),
+        "num_turns": trajectory.num_turns,
+        "error": trajectory.error,
+        "metrics": trajectory.metrics,
+        "messages": trajectory.messages,
+        "num_prompt_messages": len(row.messages),
+        "segments": segments(trajectory.response_ids, trajectory.response_mask, decode),
+        "prompt_ids": trajectory.prompt_ids,
+        "response_ids": trajectory.response_ids,
+        "response_mask": trajectory.response_mask,
+        "response_logprobs": trajectory.response_logprobs,
+    }
+
+
+def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(Path(path).expanduser(), "rb") as handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    yield orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise CliError(f"{path}:{number} is not valid JSON: {exc}") from None
+
+
+async def rollout_rows(
+    core: Any,
+    rows: Sequence[TaskRow],
+    n: int,
+    *,
+    verifier: str | None,
+    concurrency: int,
+    on_record: Callable[[dict[str, Any]], None],
+) -> list[dict[str, Any]]:
+    """Run ``n`` samples of every row concurrently (at most ``concurrency`` at once)."""
+    from trainer_client.rollout import Task
+
+    gate = asyncio.Semaphore(max(1, concurrency))
+    decode = core.codec.decode
+
+    async def one(row: TaskRow, sample: int) -> dict[str, Any]:
+        task = Task(
+            messages=row.messages, ground_truth=row.ground_truth, verifier=verifier, metadata=row.extra_info
+        )
+        async with gate:
+            trajectory = await core.run(task)
+        record = trajectory_record(trajectory, row, sample, decode)
+        on_record(record)
+        return record
+
+    return list(await asyncio.gather(*(one(row, s) for row in rows for s in range(n))))
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def _json_arg(text: str) -> dict[str, Any]:
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    from trainer_client.parsers import parser_names
+
+    io = parser.add_argument_group("server and data")
+    io.add_argument(
+        "--server",
+        default=os.environ.get(SERVER_ENV),
+        help=f"tool server base URL, e.g. http://127.0.0.1:8000 (default ${SERVER_ENV}); "
+        "several comma-separated URLs are replicas",
+    )
+    io.add_argument("--token", default=None, help="bearer token (default $TOOLFACTORY_TOKEN)")
+    io.add_argument(
+        "--data", required=True, help="veRL-format parquet with the tasks (python -m tools.data build)"
+    )
+    io.add_argument("--limit", type=_positive, default=None, metavar="K", help="use the first K prompts only")
+    io.add_argument("--offset", type=int, default=0, help="skip this many prompts first (default 0)")
+    io.add_argument("--out", default=None, help="trajectories JSONL (default runs/rollout-<time>.jsonl)")
+
+    model = parser.add_argument_group("model and format")
+    model.add_argument(
+        "--model", default="smollm2", help="'smollm2' (packaged SmolLM2-135M-Instruct) or a local HF dir"
+    )
+    model.add_argument(
+        "--format",
+        default="hermes",
+        choices=parser_names(),
+        help="tool-call format the model writes (default hermes)",
+    )
+    model.add_argument(
+        "--tool-result-template",
+        default=None,
+        help="how results are shown: 'chat' (tool messages via the chat template) or 'search_r1' "
+        "(<information> text); default: search_r1 for --format search_r1, else chat",
+    )
+    model.add_argument("--n", type=_positive, default=1, help="samples per prompt (default 1)")
+    model.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy (default 1.0)"
+    )
+    model.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (default 1.0)")
+    model.add_argument(
+        "--max-tokens", type=_positive, default=128, help="new tokens per model turn (default 128)"
+    )
+    model.add_argument(
+        "--max-turns", type=_positive, default=4, help="model turns per trajectory (default 4)"
+    )
+    model.add_argument(
+        "--response-length",
+        type=_positive,
+        default=1024,
+        help="response tokens per trajectory (default 1024)",
+    )
+    model.add_argument(
+        "--max-obs-tokens", type=_positive, default=512, help="tokens one observation may add (default 512)"
+    )
+    model.add_argument("--seed", type=int, default=0, help="torch seed for sampling (default 0)")
+
+    scoring = parser.add_argument_group("scoring and execution")
+    scoring.add_argument("--verifier", default=None, help="server verifier, e.g. exact_match, f1, math_equal")
+    scoring.add_argument(
+        "--verifier-args",
+        type=_json_arg,
+        default={},
+        metavar="JSON",
+        help="verifier options, e.g. '{\"weights\": ...}'",
+    )
+    scoring.add_argument(
+        "--success-threshold", type=float, default=1.0, help="reward that counts as success (default 1.0)"
+    )
+    scoring.add_argument(
+        "--concurrency", type=_positive, default=32, help="trajectories in flight at once (default 32)"
+    )
+    scoring.add_argument(
+        "--batch-size", type=_positive, default=8, help="generation batch size on the CPU backend (default 8)"
+    )
+    scoring.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def default_template(fmt: str, template: str | None) -> str | None:
+    if template is not None:
+        return None if template == "chat" else template
+    return "search_r1" if fmt == "search_r1" else None
+
+
+def _server_urls(value: str | None) -> list[str]:
+    if not value:
+        raise CliError(f"no tool server given: pass --server URL or set ${SERVER_ENV}")
+    return [u.strip() for u in value.split(",") if u.strip()]
+
+
+def run_rollout(args: argparse.Namespace) -> int:
+    urls = _server_urls(args.server)
+    rows = load_tasks(args.data, limit=args.limit, offset=args.offset)
+    if not rows:
+        raise CliError(f"{args.data} has no rows in the selected range")
+    out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}.jsonl").expanduser()
+    summary = asyncio.run(_rollout(args, urls, rows, out))
+    print(format_summary(summary, title=f"rollout summary ({out})"))
+    return 0
+
+
+async def _rollout(
+    args: argparse.Namespace, urls: list[str], rows: list[TaskRow], out: Path
+) -> dict[str, Any]:
+    from trainer_client.client import ToolClient
+
+    async with ToolClient(urls, token=args.token) as client:
+        health = await client.check_health()
+        if not any(health.values()):
+            raise CliError(
+                f"cannot reach the tool server at {', '.join(urls)} (start one with: tool-server serve)"
+            )
+        import torch
+
+        from trainer_client.backends.hf import HFGenerator
+        from trainer_client.models import load_model
+        from trainer_client.rollout import RolloutConfig, RolloutCore
+
+        torch.manual_seed(args.seed)
+        tokenizer, model = load_model(args.model)
+        generator = HFGenerator(
+            model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
+        )
+        config = RolloutConfig(
+            format=args.format,
+            max_turns=args.max_turns,
+            max_obs_tokens=args.max_obs_tokens,
+            response_length=args.response_length,
+            sampling_params={
+                "temperature": args.temperature,
+                "top_p": args.top_p,
+                "max_tokens": args.max_tokens,
+            },
+            tool_result_template=default_template(args.format, args.tool_result_template),
+            verifier=args.verifier,
+            verifier_arguments=args.verifier_args,
+        )
+        core = RolloutCore(tokenizer, generator, client, config, verifier=client if args.verifier else None)
+        try:
+            records, wall = await run_and_write(
+                core,
+                rows,
+                args.n,
+                out,
+                verifier=args.verifier,
+                concurrency=args.concurrency,
+                progress=not args.no_progress,
+            )
+        finally:
+            await generator.aclose()
+        summary = summarize(
+            records, wall_s=wall, client_metrics=client.metrics(), success_threshold=args.success_threshold
+        )
+    out.with_suffix(".summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    return summary
+
+
+async def run_and_write(
+    core: Any,
+    rows: Sequence[TaskRow],
+    n: int,
+    out: Path,
+    *,
+    verifier: str | None,
+    concurrency: int,
+    progress: bool = True,
+    description: str = "trajectories",
+) -> tuple[list[dict[str, Any]], float]:
+    """Roll out and append each record to ``out`` as it finishes; returns (records, wall s)."""
+    from tqdm import tqdm
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(rows) * n, desc=description, unit="traj", disable=not progress, file=sys.stderr)
+    rewards: list[float] = []
+    with open(out, "wb") as handle:
+
+        def on_record(record: dict[str, Any]) -> None:
+            handle.write(orjson.dumps(record) + b"\n")
+            handle.flush()
+            if record.get("reward") is not None:
+                rewards.append(record["reward"])
+                bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}", refresh=False)
+            bar.update(1)
+
+        started = time.perf_counter()
+        try:
+            records = await rollout_rows(
+                core, rows, n, verifier=verifier, concurrency=concurrency, on_record=on_record
+            )
+        finally:
+            bar.close()
+    return records, time.perf_counter() - started
+
+
+# ----------------------------------------------------------------------------- show
+
+_GREEN, _CYAN, _DIM, _BOLD, _RESET = "\033[32m", "\033[36m", "\033[2m", "\033[1m", "\033[0m"
+
+
+def _use_color(choice: str, stream: TextIO) -> bool:
+    if choice == "always":
+        return True
+    if choice == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return stream.isatty()
+
+
+def render_record(record: dict[str, Any], *, color: bool, prompt: bool = False) -> str:
+    """One trajectory as text: model tokens and observation tokens visibly apart.
+
+    With colour, model text is green and observations cyan; without, observations are
+    wrapped in ``[obs]...[/obs]``.
+    """
+    lines = [
+        f"trajectory {record.get('id')}  (prompt {record.get('index')}, sample {record.get('sample')}, "
+        f"{record.get('data_source')})",
+        f"reward {record.get('reward')}  stop {record.get('stop_reason')}  turns {record.get('num_turns')}  "
+        f"final answer {record.get('final_answer')!r}  ground truth {orjson.dumps(record.get('ground_truth')).decode()}",
+    ]
+    mask = record.get("response_mask") or []
+    lines.append(f"tokens: {sum(mask)} model, {len(mask) - sum(mask)} observation")
+    if record.get("error"):
+        lines.append(f"error: {record['error']}")
+    if prompt:
+        lines.append("--- prompt messages")
+        messages = record.get("messages") or []
+        for message in messages[: record.get("num_prompt_messages", len(messages))]:
+            lines.append(f"[{message.get('role')}] {message.get('content')}")
+    lines.append("--- response" + ("" if color else "  (observation tokens inside [obs]...[/obs])"))
+    parts = []
+    for segment in record.get("segments") or []:
+        text = segment["text"]
+        if segment["model"]:
+            parts.append(f"{_GREEN}{text}{_RESET}" if color else text)
+        else:
+            parts.append(f"{_CYAN}{_DIM}{text}{_RESET}" if color else f"[obs]{text}[/obs]")
+    lines.append("".join(parts))
+    if color:
+        lines.append(
+            f"{_BOLD}legend:{_RESET} {_GREEN}model tokens{_RESET}  {_CYAN}{_DIM}observation tokens{_RESET}"
+        )
+    return "\n".join(lines)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    path = Path(args.file).expanduser()
+    if not path.is_file():
+        raise CliError(f"{path} not found")
+    chosen = None
+    count = 0
+    for number, record in enumerate(read_records(path)):
+        count += 1
+        if (args.id is not None and record.get("id") == args.id) or (
+            args.id is None and number == args.index
+        ):
+            chosen = record
+            break
+    if chosen is None:
+        wanted = f"id {args.id!r}" if args.id is not None else f"index {args.index}"
+        raise CliError(f"{path} has no trajectory with {wanted} ({count} trajectories read)")
+    print(render_record(chosen, color=_use_color(args.color, sys.stdout), prompt=args.prompt))
+    return 0
+
+
+def add_show_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="trajectories JSONL written by 'trainer-client rollout'")
+    parser.add_argument(
+        "--index", type=int, default=0, help="which trajectory (0-based line number; default 0)"
+    )
+    parser.add_argument("--id", default=None, help="pick the trajectory by its id instead")
+    parser.add_argument("--prompt", action="store_true", help="also print the prompt messages")
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour model vs observation tokens (auto: when stdout is a terminal; else [obs] markers)",
+    )
+
+
+def add_summary_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", help="trajectories JSONL written by 'trainer-client rollout'")
+    parser.add_argument("--success-threshold", type=float, default=1.0, help="reward that counts as success")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def run_summary(args: argparse.Namespace) -> int:
+    path = Path(args.file).expanduser()
+    if not path.is_file():
+        raise CliError(f"{path} not found")
+    summary = summarize(list(read_records(path)), success_threshold=args.success_threshold)
+    if args.json:
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(format_summary(summary, title=f"summary of {path}"))
+    return 0
+
+
+register_subcommand(
+    Subcommand(
+        "rollout",
+        "roll out a model on a dataset against a tool server; writes trajectories and a summary",
+        add_rollout_arguments,
+        run_rollout,
+        description="Generate multi-turn trajectories with a local model (CPU, HF transformers), run the "
+        "model's tool calls on the tool server, score them with a server verifier, and write one JSON "
+        "line per trajectory (ids, loss mask, messages, reward, metrics) plus <out>.summary.json.",
+    )
+)
+register_subcommand(
+    Subcommand(
+        "show",
+        "print one trajectory with model and observation tokens told apart",
+        add_show_arguments,
+        run_show,
+    )
+)
+register_subcommand(
+    Subcommand(
+        "summary",
+        "recompute the summary table of a trajectories JSONL",
+        add_summary_arguments,
+        run_summary,
+    )
+)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    _load_plugins()
+    parser = argparse.ArgumentParser(
+        prog="trainer-client",
+        description="Roll out and train LLMs on multi-turn tool use against a toolfactory tool server.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in SUBCOMMANDS.values():
+        sub = commands.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description or command.help,
+        )
+        command.configure(sub)
+        sub.set_defaults(_run=command.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except CliError as exc:
+        print(f"trainer-client: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("trainer-client: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
