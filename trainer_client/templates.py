@@ -29,6 +29,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from trainer_client.wordcache import WordCacheEncoder
+
 logger = logging.getLogger(__name__)
 
 SEARCH_R1_TEMPLATE = "\n\n<information>{content}</information>\n\n"
@@ -85,8 +87,11 @@ class TokenCodec:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._words = WordCacheEncoder.for_tokenizer(self._backend) if self._backend is not None else None
 
     def encode(self, text: str) -> list[int]:
+        if self._words is not None:
+            return self._words.encode(text)
         if self._backend is not None:
             return self._backend.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer.encode(text, add_special_tokens=False))
