@@ -71,6 +71,7 @@ class McpEndpoint:
         self.registry = executor.registry
         self.default_toolset = config.default_toolset
         self._tool_cache: dict[tuple[str | None, int], list[types.Tool]] = {}
+        self._visible_cache: dict[tuple[str | None, int], set[str]] = {}
         self.server = Server(
             config.mcp.server_name,
             version="0.1.0",
@@ -121,9 +122,18 @@ class McpEndpoint:
                 self._tool_cache[key] = tools
         return types.ListToolsResult(tools=tools)
 
+    def _visible_set(self, toolset: str | None, allowed: set[str] | None) -> set[str]:
+        if allowed is not None:
+            return set(self._visible(toolset, allowed))
+        key = (toolset, self.registry.version)
+        names = self._visible_cache.get(key)
+        if names is None:
+            names = self._visible_cache[key] = set(self._visible(toolset, None))
+        return names
+
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         toolset, allowed = self._scope(ctx)
-        visible = set(self._visible(toolset, allowed))
+        visible = self._visible_set(toolset, allowed)
         meta = params.meta or {}
         call_id = meta.get(CALL_ID_META_KEY) if isinstance(meta.get(CALL_ID_META_KEY), str) else None
         session = meta.get(SESSION_META_KEY)
