@@ -1,0 +1,298 @@
+"""The local GRPO trainer: its exact shared-prefix computations, veRL's losses on our
+masks, and a 2-step smoke run of ``trainer-client train`` (then a resumed third step)
+against a real tool server with the real SmolLM2 model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from tests.support.server import REPO, running_server, server_config  # noqa: E402
+from trainer_client.grpo import (  # noqa: E402
+    GRPOConfig,
+    RolloutBatch,
+    SharedPrefixGenerator,
+    actor_loss_config,
+    common_prefix_length,
+    grpo_advantages,
+    policy_loss_terms,
+    response_logprobs,
+    shared_prefix,
+    task_from_row,
+    use_gqa_decode_attention,
+)
+from trainer_client.rollout import StopReason, Trajectory  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smol() -> tuple[Any, Any]:
+    from trainer_client.models import load_model
+
+    torch.set_num_threads(1)
+    return load_model("smollm2")
+
+
+def prompts_sharing_a_prefix(tokenizer: Any) -> list[list[int]]:
+    system = {"role": "system", "content": "You are a careful calculator. " * 8}
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [system, {"role": "user", "content": q}], add_generation_prompt=True
+            )["input_ids"]
+        )
+        for q in ("What is 12 * 34?", "Compute 981 times 17, please.", "Hi")
+    ]
+
+
+def test_common_prefix_length() -> None:
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_length([[5, 6], [7]]) == 0
+    assert common_prefix_length([]) == 0
+
+
+def test_shared_prefix_logprobs_equal_separate_forward_passes(smol: tuple[Any, Any]) -> None:
+    tokenizer, model = smol
+    prompts = prompts_sharing_a_prefix(tokenizer)
+    assert common_prefix_length(prompts) >= 32
+    responses = [[28, 1, 44, 55, 2], [90, 91], [5, 6, 7, 8, 9, 10, 11]]
+    log_prob, entropy = response_logprobs(
+        model, prompts, responses, pad_token_id=2, with_entropy=True, temperature=0.7
+    )
+    assert log_prob.shape == entropy.shape == (3, 7)
+    with torch.no_grad():
+        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+            logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1].float() / 0.7
+            expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(r)[:, None])[:, 0]
+            assert torch.allclose(log_prob[i, : len(r)], expected, atol=1e-4)
+            assert torch.all(log_prob[i, len(r) :] == 0) and torch.all(entropy[i, len(r) :] == 0)
+
+
+def test_gradients_flow_through_the_shared_prefix(smol: tuple[Any, Any]) -> None:
+    tokenizer, model = smol
+    prompts = prompts_sharing_a_prefix(tokenizer)[:2]
+    log_prob, _ = response_logprobs(model, prompts, [[28, 1], [90]], pad_token_id=2)
+    log_prob.sum().backward()
+    embed = model.get_input_embeddings().weight.grad
+    first_prompt_token = prompts[0][0]
+    assert embed is not None and embed[first_prompt_token].abs().sum() > 0
+    model.zero_grad(set_to_none=True)
+
+
+def test_one_prefix_backward_per_step_gives_the_same_gradient(smol: tuple[Any, Any]) -> None:
+    """Micro-batches that reuse one detached prefix, plus ``prefix.backward()`` once,
+    accumulate exactly the gradient of back-propagating through the prefix every time."""
+    tokenizer, model = smol
+    prompts = prompts_sharing_a_prefix(tokenizer)
+    responses = [[28, 1, 44], [90, 91], [5, 6, 7, 8]]
+    name, param = (
+        "model.layers.0.self_attn.k_proj.weight",
+        model.get_parameter("model.layers.0.self_attn.k_proj.weight"),
+    )
+
+    model.zero_grad(set_to_none=True)
+    for i in range(3):  # three micro-batches of one row, each computing its own prefix
+        log_prob, _ = response_logprobs(model, prompts[i : i + 1] * 2, [responses[i]] * 2, pad_token_id=2)
+        log_prob.sum().backward()
+    expected = param.grad.clone()
+
+    model.zero_grad(set_to_none=True)
+    shared = common_prefix_length(prompts)
+    prefix = shared_prefix(model, prompts[0][:shared], detach=True)
+    for i in range(3):
+        log_prob, _ = response_logprobs(
+            model, prompts[i : i + 1] * 2, [responses[i]] * 2, pad_token_id=2, prefix=prefix
+        )
+        log_prob.sum().backward()
+    assert param.grad is None or not torch.allclose(param.grad, expected, atol=1e-6), (
+        "prefix part still missing"
+    )
+    prefix.backward()
+    assert torch.allclose(param.grad, expected, rtol=1e-3, atol=1e-5), name
+    model.zero_grad(set_to_none=True)
+
+
+def test_shared_prefix_generator_matches_the_plain_hf_backend(smol: tuple[Any, Any]) -> None:
+    from trainer_client.backends.hf import HFGenerator
+
+    tokenizer, model = smol
+    prompts = prompts_sharing_a_prefix(tokenizer)
+    params = {"temperature": 0, "max_tokens": 12, "logprobs": True}
+
+    async def generate(cls: type) -> tuple[list[Any], Any]:
+        generator = cls(model, tokenizer, max_batch_size=4)
+        try:
+            outputs = await asyncio.gather(
+                *(
+                    generator.generate(str(i), prompt_ids=p, sampling_params=params)
+                    for i, p in enumerate(prompts)
+                )
+            )
+        finally:
+            await generator.aclose()
+        return outputs, generator
+
+    plain, _ = asyncio.run(generate(HFGenerator))
+    assert use_gqa_decode_attention(model)
+    shared, generator = asyncio.run(generate(SharedPrefixGenerator))
+    assert generator.prefix_tokens_reused > 0
+    for a, b in zip(plain, shared, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.stop_reason == b.stop_reason
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) < 1e-3
+
+
+def trajectory(response_mask: list[int], reward: float) -> Trajectory:
+    return Trajectory(
+        prompt_ids=[1, 2, 3],
+        response_ids=list(range(10, 10 + len(response_mask))),
+        response_mask=response_mask,
+        response_logprobs=[0.0] * len(response_mask),
+        num_turns=3,
+        stop_reason=StopReason.ANSWER,
+        session_id="s",
+        messages=[],
+        reward_score=reward,
+    )
+
+
+def test_grpo_advantage_and_loss_ignore_observation_tokens() -> None:
+    mask = [1, 1, 0, 0, 1]  # model, model, tool, tool, model
+    batch = RolloutBatch.build(
+        [trajectory(mask, 1.0), trajectory(mask, 0.0), trajectory(mask[:3], 0.5), trajectory(mask[:3], 0.5)],
+        [0, 0, 1, 1],
+    )
+    advantages = grpo_advantages(batch)
+    assert torch.all(advantages[batch.response_mask == 0] == 0)
+    assert advantages[0, 0] > 0 > advantages[1, 0]
+    assert torch.all(advantages[2:] == 0), "a group with equal rewards carries no signal"
+
+    config = GRPOConfig(train_data="x", kl_coef=0.1)
+    actor = actor_loss_config(config, batch_num_tokens=int(batch.response_mask.sum()), global_batch_size=4)
+    log_prob = torch.randn(batch.response_mask.shape).requires_grad_(True)
+    ref = torch.randn(batch.response_mask.shape)
+    loss, metrics = policy_loss_terms(
+        log_prob=log_prob,
+        old_log_prob=log_prob.detach(),
+        advantages=advantages,
+        response_mask=batch.response_mask,
+        actor_config=actor,
+        ref_log_prob=ref,
+    )
+    loss.backward()
+    assert torch.all(log_prob.grad[batch.response_mask == 0] == 0)
+    assert torch.all(log_prob.grad[batch.response_mask == 1] != 0)
+    assert metrics["kl_loss"] > 0 and "pg_clipfrac" in metrics
+
+
+def test_config_errors_say_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="group_size"):
+        GRPOConfig(train_data="x", group_size=1)
+    with pytest.raises(ValueError, match="unknown GRPO config keys"):
+        GRPOConfig.from_dict({"train_data": "x", "learning_rate": 1e-5})
+
+
+def test_task_from_a_builder_row() -> None:
+    from tools.data import arithmetic
+
+    row = arithmetic.build_rows(n_train=0, n_test=1, seed=3)["test"][0]
+    task = task_from_row(row)
+    assert task.messages == row["prompt"]
+    assert task.ground_truth == row["reward_model"]["ground_truth"]
+    assert task.metadata["kind"] == row["extra_info"]["kind"]
+
+
+# --------------------------------------------------------------------------- the CLI, end to end
+
+
+def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedProcess[str]:
+    """The same command as the learning run (examples/learn_arithmetic.py), tiny."""
+    command = [
+        # what the `trainer-client` console script runs (python -m trainer_client.cli would
+        # register the plug-in subcommands on a second copy of the module)
+        sys.executable, "-c", "from trainer_client.cli import main; raise SystemExit(main())", "train",
+        "--server", url,
+        "--train-data", str(data / "train.parquet"),
+        "--eval-data", str(data / "test.parquet"),
+        "--out-dir", str(out),
+        "--steps", str(steps),
+        "--prompts-per-step", "2",
+        "--group-size", "2",
+        "--micro-batch-size", "2",
+        "--max-turns", "3",
+        "--max-tokens-per-turn", "32",
+        "--response-length", "96",
+        "--temperature", "0.7",
+        "--verifier", "weighted",
+        "--verifier-args", json.dumps({"verifiers": {"math_equal": 1.0, "format": 0.1}}),
+        "--eval-verifier", "math_equal",
+        "--eval-size", "2",
+        "--eval-every", "2",
+        "--save-every", "2",
+        "--kl-coef", "0.01",
+        "--entropy-coeff", "0.01",
+        "--threads", "1",
+    ]  # fmt: skip
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_train_two_steps_then_resume(tmp_path: Path) -> None:
+    from tools.data import arithmetic, write_parquet
+
+    rows = arithmetic.build_rows(n_train=8, n_test=4, seed=1)
+    data = tmp_path / "data"
+    for split, split_rows in rows.items():
+        write_parquet(split_rows, data / f"{split}.parquet")
+    verifiers = [
+        {"target": "tools.verifiers.math:math_equal"},
+        {"target": "tools.verifiers.format:format_check"},
+        {"target": "tools.verifiers.weighted:weighted"},
+    ]
+    out = tmp_path / "run"
+    with running_server(server_config(verifiers=verifiers)) as server:
+        first = train(out, server.url, data, steps=2)
+        assert first.returncode == 0, first.stderr[-4000:]
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        train_records = [r for r in records if r["split"] == "train"]
+        assert [r["step"] for r in train_records] == [1, 2]
+        assert [r["step"] for r in records if r["split"] == "eval"] == [0, 2]
+        for key in (
+            "reward", "kl", "entropy", "response_length", "tool_calls", "tool_errors",
+            "rollout_tokens_per_s", "tool_calls_per_s", "pg_loss", "grad_norm",
+        ):  # fmt: skip
+            assert key in train_records[-1], key
+        assert train_records[-1]["entropy"] > 0 and train_records[-1]["rollout_tokens_per_s"] > 0
+        assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+        assert (out / "reward_curve.png").stat().st_size > 1000
+        checkpoint = out / "checkpoints" / "step_000002"
+        assert (checkpoint / "trainer_state.pt").is_file() and (checkpoint / "config.json").is_file()
+        assert (out / "checkpoints" / "latest").read_text() == "step_000002"
+        summary = json.loads(first.stdout[first.stdout.index("{") :])
+        assert summary["steps"] == 2 and 0.0 <= summary["final_success"] <= 1.0
+
+        # the weights moved (the entropy term alone guarantees a gradient)
+        from safetensors.torch import load_file
+
+        from trainer_client.models import resolve_model_path
+
+        before = load_file(resolve_model_path("smollm2") / "model.safetensors")
+        after = load_file(checkpoint / "model.safetensors")
+        name = "model.layers.0.mlp.down_proj.weight"
+        assert not torch.equal(before[name], after[name])
+
+        resumed = train(out, server.url, data, steps=3)
+        assert resumed.returncode == 0, resumed.stderr[-4000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["split"] == "train"] == [1, 2, 3]
+    assert [r["step"] for r in records if r["split"] == "eval"] == [0, 2, 3], "no second baseline eval"
+    assert (out / "checkpoints" / "latest").read_text() == "step_000003"
+    kept = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
+    assert kept == ["step_000002", "step_000003"]
