@@ -22,10 +22,8 @@ The choices, and why (examples/README.md, "The learning run"):
   in 32, so GRPO has successes to reinforce from step one.
 - **temperature 0.7** for training and the held-out samples: at 1.0 the 135M model
   mostly rambles (pilot: no correct sample in 64).
-- **reward**: ``weighted`` = ``math_equal`` (1 for the exact number) + 0.1 x ``format``
-  (at least one calculator call, valid tool-call JSON, one final answer). The
-  correctness term is the goal; the small format term separates "well-formed but
-  wrong" from "broken" so that groups where every sample is wrong still carry a signal.
+- **reward**: ``math_equal`` alone (1 for the exact number). A format-shaped reward was
+  tried and collapsed the policy (see ``REWARD_VERIFIER``).
 - **success** on the held-out split is ``math_equal`` alone, same prompt before and
   after training: one sample per problem at the training temperature, and greedy.
 """
@@ -66,23 +64,14 @@ SERVER_CONFIG = {
     ],
 }
 
-# The format term must rank trajectories the way correctness would. With the format
-# verifier's default (equal) weights, a prose answer without any call scored higher than
-# a malformed call (``tool_call_json`` is vacuously 1 without calls), and GRPO's group
-# normalization turns even 0.1-sized differences into full-size advantages inside groups
-# where every sample is wrong: in a first run, calls per trajectory fell from 0.9 to 0.2
-# in three steps. These weights rank: valid call + answer (1.0) > malformed call +
-# answer = valid call without answer (0.75) > prose answer (0.5) > prose (0.25).
-REWARD = {
-    "verifiers": {"math_equal": 1.0, "format": 0.1},
-    "arguments": {
-        "format": {
-            "min_calls": 1,
-            "max_calls": 4,
-            "weights": {"tool_call_count": 2, "single_answer": 1, "tool_call_json": 1, "tags_balanced": 0},
-        }
-    },
-}
+# The reward is correctness alone. A format-shaped reward (weighted: math_equal + 0.1 x
+# format) was tried first and collapsed the policy: the rollout core sends the whole chat,
+# worked examples included, to /v1/verify, so the format verifier counted the examples'
+# four calls and three answers as the model's. A trajectory without any call then had
+# "1-4 calls" and scored best, and GRPO's per-group normalization made that 0.1-sized
+# difference a full-size advantage in every all-wrong group: calls per trajectory fell
+# from 0.8 to 0 in two steps (runs/learn_arithmetic_format_v*, see examples/README.md).
+REWARD_VERIFIER = "math_equal"
 
 
 def build_data(out: Path, n_train: int, n_test: int, seed: int) -> tuple[Path, Path]:
@@ -156,8 +145,7 @@ def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> l
         "--eval-temperature", str(args.temperature),
         "--eval-samples", str(args.eval_samples),
         "--greedy-eval",
-        "--verifier", "weighted",
-        "--verifier-args", json.dumps(REWARD),
+        "--verifier", REWARD_VERIFIER,
         "--eval-verifier", "math_equal",
         "--eval-size", str(args.eval_size),
         "--eval-every", str(args.eval_every),
@@ -184,6 +172,11 @@ def publish(out: Path, name: str) -> None:
     if (out / "reward_curve.png").is_file():
         shutil.copy(out / "reward_curve.png", RESULTS / f"{name}.png")
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    print(f"learn_arithmetic: received signal {signum}; stopping", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     train, test = build_data(args.out, args.n_train, 200, args.seed)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     # SIGTERM (kill PID) unwinds like Ctrl-C, so the tool server below is stopped too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     with tool_server(args.out) as url:
         command = train_argv(args, url, train, test)
         print(

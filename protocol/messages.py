@@ -73,7 +73,12 @@ class Result:
 
 @dataclass(slots=True)
 class VerifyRequest:
-    """Score one trajectory. ``response`` is the final model text; ``messages`` the chat, if any."""
+    """Score one trajectory. ``response`` is the final model text; ``messages`` the chat, if any.
+
+    ``response_start`` is the index in ``messages`` of the first message of the rollout:
+    the ones before it are the prompt (system text, worked examples, the question), which
+    verifiers that judge what the *model* wrote (tool-call counts, answers) must not read.
+    """
 
     verifier: str
     ground_truth: Any = None
@@ -82,6 +87,15 @@ class VerifyRequest:
     session: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)  # verifier options (weights, rubric)
     request_id: str | None = None
+    response_start: int = 0
+
+    def prompt_messages(self) -> list[dict[str, Any]]:
+        """The messages before the rollout: system text, worked examples, the question."""
+        return (self.messages or [])[: self.response_start]
+
+    def response_messages(self) -> list[dict[str, Any]]:
+        """The messages of the rollout itself: the model's turns and the tool results."""
+        return (self.messages or [])[self.response_start :]
 
 
 @dataclass(slots=True)
@@ -193,6 +207,14 @@ def verify_request_from_dict(item: Any, index: int = 0) -> VerifyRequest:
     arguments = item.get("arguments") or {}
     if not isinstance(arguments, dict):
         raise ProtocolError(f"{where}.arguments must be an object")
+    response_start = item.get("response_start")
+    response_start = 0 if response_start is None else response_start
+    if isinstance(response_start, bool) or not isinstance(response_start, int) or response_start < 0:
+        raise ProtocolError(f"{where}.response_start must be a non-negative integer")
+    if response_start > len(messages or ()):
+        raise ProtocolError(
+            f"{where}.response_start ({response_start}) is past the end of messages ({len(messages or ())})"
+        )
     return VerifyRequest(
         verifier=name,
         ground_truth=item.get("ground_truth"),
@@ -201,6 +223,7 @@ def verify_request_from_dict(item: Any, index: int = 0) -> VerifyRequest:
         session=_id(item.get("session"), f"{where}.session", required=False),
         arguments=arguments,
         request_id=_id(item.get("request_id"), f"{where}.request_id", required=False),
+        response_start=response_start,
     )
 
 

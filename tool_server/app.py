@@ -123,7 +123,9 @@ def _register_upstream(registry: Registry, upstream: Any, default_toolset: str |
             continue
 
         async def call(call: Any, timeout_s: float, _name: str = name) -> Any:
-            return await upstream.call(upstream.local_name(_name), call.arguments, timeout_s, call_id=call.call_id)
+            return await upstream.call(
+                upstream.local_name(_name), call.arguments, timeout_s, call_id=call.call_id
+            )
 
         registry.add_upstream_tool(descriptor, upstream, call, [default_toolset] if default_toolset else [])
 

@@ -175,6 +175,7 @@ class Executor:
                 "ground_truth": request.ground_truth,
                 "arguments": request.arguments,
                 "session": request.session,
+                "response_start": request.response_start,
             }
             calls.append(
                 Call(request.request_id or new_call_id(), VERIFIER_PREFIX + request.verifier, arguments)

@@ -77,6 +77,9 @@ class McpEndpoint:
             version="0.1.0",
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
+            # Without this hook the SDK checks Mcp-Param headers by running tools/list
+            # (every descriptor serialised) on each tools/call: a third of its cost.
+            get_tool_input_schema=self._input_schema,
         )
         self.session_manager = StreamableHTTPSessionManager(
             app=self.server,
@@ -86,6 +89,10 @@ class McpEndpoint:
             max_request_body_size=config.limits.max_request_bytes,
         )
         self.asgi = StreamableHTTPASGIApp(self.session_manager)
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        entry = self.registry.entries.get(name)
+        return entry.input_schema if entry is not None else None
 
     def _scope(self, ctx: Any) -> tuple[str | None, set[str] | None]:
         """The toolset named in the URL, and the tool names the caller's token allows."""

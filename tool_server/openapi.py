@@ -70,6 +70,12 @@ VERIFY_REQUEST = {
         "arguments": {"type": "object"},
         "session": ID,
         "request_id": ID,
+        "response_start": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Index in messages of the first message of the rollout; earlier ones are the"
+            " prompt (worked examples included) and never count as the model's answers or calls.",
+        },
     },
     "required": ["verifier"],
 }

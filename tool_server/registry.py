@@ -269,7 +269,7 @@ def _check_object(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def _validate_verify_arguments(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    from pydantic import BaseModel, ConfigDict
+    from pydantic import BaseModel, ConfigDict, Field
 
     class VerifyArguments(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -279,11 +279,14 @@ def _validate_verify_arguments(name: str) -> Callable[[dict[str, Any]], dict[str
         arguments: dict[str, Any] = {}
         session: str | None = None
         request_id: str | None = None
+        response_start: int = Field(0, ge=0, description="index of the first message of the rollout")
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
         parsed = VerifyArguments.model_validate(arguments)
         if parsed.response is None and parsed.messages is None:
             raise ValueError('a verify request needs "response" (final text) or "messages"')
+        if parsed.response_start > len(parsed.messages or ()):
+            raise ValueError(f"response_start ({parsed.response_start}) is past the end of messages")
         request = VerifyRequest(
             verifier=name,
             ground_truth=parsed.ground_truth,
@@ -292,6 +295,7 @@ def _validate_verify_arguments(name: str) -> Callable[[dict[str, Any]], dict[str
             session=parsed.session,
             arguments=parsed.arguments,
             request_id=parsed.request_id,
+            response_start=parsed.response_start,
         )
         return {"__request__": request}
 

@@ -361,7 +361,10 @@ class RolloutCore:
         name = s.task.verifier or self.config.verifier
         if self.verifier is None or name is None:
             return
-        last = next((m["content"] for m in reversed(s.messages) if m.get("role") == "assistant"), "")
+        # Only the rollout's own messages count as the model's: worked examples in the
+        # prompt must not be scored as its answers or tool calls.
+        start = len(s.task.messages)
+        last = next((m["content"] for m in reversed(s.messages[start:]) if m.get("role") == "assistant"), "")
         request = protocol.VerifyRequest(
             verifier=name,
             ground_truth=s.task.ground_truth,
@@ -370,6 +373,7 @@ class RolloutCore:
             session=s.session_id,
             arguments=dict(self.config.verifier_arguments),
             request_id=s.session_id,
+            response_start=start,
         )
         started = time.perf_counter()
         try:

@@ -91,3 +91,21 @@ def test_mcp_rejects_foreign_host_header(server):
         headers={"Host": "evil.example:80", "Accept": "application/json, text/event-stream"},
     )
     assert response.status_code in (403, 421)
+
+
+def test_sdk_resolves_input_schemas_without_a_tools_list_per_call():
+    # The SDK checks Mcp-Param headers of every tools/call against the tool's input
+    # schema; without this hook it runs (and serialises) a whole tools/list to find it.
+    from tests.support.server import server_config
+    from tool_server.app import build_registry
+    from tool_server.config import config_from_dict
+    from tool_server.executor import Executor
+    from tool_server.mcp_endpoint import McpEndpoint
+
+    config = config_from_dict(server_config(), environ={})
+    registry = build_registry(config)
+    endpoint = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
+    lookup = endpoint.server.get_tool_input_schema
+    assert lookup("echo") == registry.entries["echo"].input_schema
+    assert lookup("echo")["properties"]["text"]["type"] == "string"
+    assert lookup("no_such_tool") is None

@@ -15,9 +15,21 @@ from protocol import decode_results
 from tests.support.server import ServerProcess, running_server, server_config
 
 DOCS = [
-    {"id": "d1", "title": "Ada Lovelace", "contents": "Ada Lovelace wrote the first published computer program."},
-    {"id": "d2", "title": "Alan Turing", "contents": "Alan Turing formalised computation with the Turing machine."},
-    {"id": "d3", "title": "Grace Hopper", "contents": "Grace Hopper built the first compiler for a programming language."},
+    {
+        "id": "d1",
+        "title": "Ada Lovelace",
+        "contents": "Ada Lovelace wrote the first published computer program.",
+    },
+    {
+        "id": "d2",
+        "title": "Alan Turing",
+        "contents": "Alan Turing formalised computation with the Turing machine.",
+    },
+    {
+        "id": "d3",
+        "title": "Grace Hopper",
+        "contents": "Grace Hopper built the first compiler for a programming language.",
+    },
 ]
 
 
@@ -28,8 +40,11 @@ def library_server(tmp_path_factory) -> Iterator[ServerProcess]:
     corpus.write_bytes(b"\n".join(orjson.dumps(d) for d in DOCS))
     config = server_config()
     config["tools"] = config["tools"] + [
-        {"target": "tools.search:SearchTool", "toolsets": ["default"],
-         "args": {"corpus": str(corpus), "cache_dir": str(tmp / "cache")}},
+        {
+            "target": "tools.search:SearchTool",
+            "toolsets": ["default"],
+            "args": {"corpus": str(corpus), "cache_dir": str(tmp / "cache")},
+        },
         {"target": "tools.python_tool:PythonTool", "toolsets": ["default"], "args": {"pool_size": 1}},
         {"target": "tools.sql:SqlTool", "toolsets": ["default"]},
     ]
@@ -39,7 +54,9 @@ def library_server(tmp_path_factory) -> Iterator[ServerProcess]:
 
 def test_retrieve_is_search_r1_compatible(library_server):
     url = library_server.url + "/retrieve"
-    body = httpx.post(url, json={"queries": ["compiler", "Turing machine"], "topk": 2, "return_scores": True}).json()
+    body = httpx.post(
+        url, json={"queries": ["compiler", "Turing machine"], "topk": 2, "return_scores": True}
+    ).json()
     assert len(body["result"]) == 2
     first = body["result"][0][0]
     assert first["document"]["id"] == "d3"
@@ -57,8 +74,16 @@ def test_python_sessions_over_http_batch(library_server):
     session = f"traj-{uuid.uuid4().hex}"
 
     def call(code: str) -> dict:
-        body = {"calls": [{"call_id": uuid.uuid4().hex, "name": "python", "arguments": {"code": code},
-                           "session": session}]}
+        body = {
+            "calls": [
+                {
+                    "call_id": uuid.uuid4().hex,
+                    "name": "python",
+                    "arguments": {"code": code},
+                    "session": session,
+                }
+            ]
+        }
         return decode_results(httpx.post(library_server.url + "/v1/calls", json=body, timeout=60).content)[0]
 
     assert not call("x = 21").is_error

@@ -32,7 +32,11 @@ def test_upstream_tools_on_batch_api_mcp_readyz_and_metrics():
         assert "time.get_current_time" in names and "calculator" in names
         calls = [
             {"call_id": uuid.uuid4().hex, "name": "time.get_current_time", "arguments": {"timezone": "UTC"}},
-            {"call_id": uuid.uuid4().hex, "name": "time.get_current_time", "arguments": {"timezone": "Mars/Olympus"}},
+            {
+                "call_id": uuid.uuid4().hex,
+                "name": "time.get_current_time",
+                "arguments": {"timezone": "Mars/Olympus"},
+            },
         ]
         results = decode_results(httpx.post(srv.url + "/v1/calls", json={"calls": calls}, timeout=30).content)
         assert not results[0].is_error and "UTC" in results[0].text

@@ -216,7 +216,11 @@ async def test_host_files_outside_the_sandbox_are_invisible(
     # Its own, empty /tmp — except the path leading to the interpreter and venv, which stay
     # visible when they live under /tmp (as in a CI clone there).
     exposed = sorted(
-        {Path(p).resolve().parts[2] for p in (sys.executable, sys.prefix) if Path(p).resolve().parts[1:2] == ("tmp",)}
+        {
+            Path(p).resolve().parts[2]
+            for p in (sys.executable, sys.prefix)
+            if Path(p).resolve().parts[1:2] == ("tmp",)
+        }
     )
     assert result.value == f"(['FileNotFoundError', 'FileNotFoundError'], '/tmp', {exposed!r})"
 

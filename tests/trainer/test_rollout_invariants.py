@@ -428,9 +428,12 @@ def test_verifier_scores_before_the_session_is_released(smol_tokenizer: Any) -> 
     core = RolloutCore(
         smol_tokenizer, generator, invoker, RolloutConfig(verifier="exact_match"), verifier=verifier
     )
-    tr = asyncio.run(
-        core.run(Task([{"role": "user", "content": "Capital of France?"}], ground_truth="Paris"))
-    )
+    prompt = [  # a worked example first: it must not be scored as the model's answer
+        {"role": "user", "content": "Capital of Italy?"},
+        {"role": "assistant", "content": "<answer>Rome</answer>"},
+        {"role": "user", "content": "Capital of France?"},
+    ]
+    tr = asyncio.run(core.run(Task(prompt, ground_truth="Paris")))
     assert events == ["verify", "release"]
     assert (tr.reward_score, tr.reward_components) == (1.0, {"em": 1.0})
     (request,) = verifier.requests
@@ -440,6 +443,8 @@ def test_verifier_scores_before_the_session_is_released(smol_tokenizer: Any) -> 
         tr.session_id,
     )
     assert request.response == "<answer>Paris</answer>"
+    assert request.response_start == 3
+    assert request.response_messages() == [{"role": "assistant", "content": "<answer>Paris</answer>"}]
 
 
 @pytest.mark.parametrize("bad", [{"max_turns": 0}, {"response_length": -1}, {"max_obs_tokens": 1.5}])

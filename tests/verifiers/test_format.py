@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from protocol import VerifyRequest
@@ -75,6 +77,26 @@ class TestFormatVerifier:
         }
         assert result.details["tool_calls"] == 1
         assert result.details["problems"] == []
+
+    def test_calls_in_worked_examples_do_not_count(self):
+        # A few-shot prompt shows four calls and three answers; the rollout makes none.
+        examples = trajectory(CALL, "<answer>6</answer>") * 2 + trajectory(CALL, CALL, "<answer>6</answer>")
+        prompt = [*examples, {"role": "user", "content": "What is 7 * 8?"}]
+        no_call = [*prompt, {"role": "assistant", "content": "<answer>56</answer>"}]
+        one_call = [
+            *prompt,
+            {"role": "assistant", "content": CALL},
+            {"role": "tool", "content": "56"},
+            {"role": "assistant", "content": "<answer>56</answer>"},
+        ]
+        start = len(prompt)
+        scored = format_check(replace(req(messages=one_call, min_calls=1, max_calls=4), response_start=start))
+        assert scored.score == 1.0 and scored.details["tool_calls"] == 1
+        lazy = format_check(replace(req(messages=no_call, min_calls=1, max_calls=4), response_start=start))
+        assert lazy.details["tool_calls"] == 0 and lazy.components["tool_call_count"] < 1.0
+        assert lazy.score < scored.score
+        # Read as the model's own (response_start 0), the examples would hide the difference.
+        assert format_check(req(messages=no_call, min_calls=1, max_calls=4)).details["tool_calls"] == 4
 
     def test_response_only(self):
         assert format_check(req("<think>x</think><answer>y</answer>")).score == 1.0

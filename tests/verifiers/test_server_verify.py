@@ -104,3 +104,47 @@ def test_verifiers_are_listed_as_mcp_style_tools(server):
     assert response.status_code == 200, response.text
     names = {tool["name"] for tool in response.json()["tools"]}
     assert {f"verify_{name}" for name in BUILTIN_VERIFIERS} <= names
+
+
+def test_response_start_keeps_worked_examples_out_of_the_score(server):
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 * 3"}}</tool_call>'
+    examples = [
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": "6"},
+        {"role": "assistant", "content": "<answer>6</answer>"},
+    ]
+    chat = [
+        *examples,
+        {"role": "user", "content": "What is 7 * 8?"},
+        {"role": "assistant", "content": "<answer>56</answer>"},
+    ]
+    request = {"verifier": "format", "messages": chat, "arguments": {"min_calls": 1}}
+    whole, rollout_only = verify(server, [request, {**request, "response_start": 5}])
+    assert whole["details"]["tool_calls"] == 1  # the example's call, read as the model's
+    assert rollout_only["details"]["tool_calls"] == 0
+    assert rollout_only["components"]["tool_call_count"] < whole["components"]["tool_call_count"]
+    # Through the weighted verifier the boundary reaches every part.
+    weighted = {"verifier": "weighted", "messages": chat, "ground_truth": "56", "response_start": 5}
+    weighted["arguments"] = {
+        "verifiers": {"math_equal": 1.0, "format": 1.0},
+        "arguments": {"format": {"min_calls": 1}},
+    }
+    (result,) = verify(server, [weighted])
+    assert result["components"]["math_equal"] == 1.0
+    assert result["details"]["format"]["tool_calls"] == 0
+
+
+@pytest.mark.parametrize(
+    ("response_start", "message"),
+    [(-1, "non-negative integer"), ("2", "non-negative integer"), (9, "past the end of messages")],
+)
+def test_bad_response_start_is_a_clear_400(server, response_start, message):
+    request = {
+        "verifier": "format",
+        "messages": [{"role": "user", "content": "q"}],
+        "response_start": response_start,
+    }
+    response = httpx.post(f"{server.url}/v1/verify", json={"requests": [request]}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["error"]["message"]

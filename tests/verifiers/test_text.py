@@ -17,6 +17,7 @@ from tools.verifiers.text import (
     format_number,
     gold_answers,
     normalize_answer,
+    question_text,
 )
 
 
@@ -46,6 +47,21 @@ class TestFinalText:
     def test_no_assistant_message_is_empty(self):
         assert final_text(req(messages=[{"role": "user", "content": "q"}])) == ""
         assert final_text(req(messages=[])) == ""
+
+    def test_worked_examples_in_the_prompt_are_not_the_models(self):
+        messages = [
+            {"role": "user", "content": "example question"},
+            {"role": "assistant", "content": "<answer>example answer</answer>"},
+            {"role": "user", "content": "the question"},
+        ]
+        r = req(messages=messages, response_start=3)
+        assert final_text(r) == "" and assistant_texts(r) == []
+        r = req(messages=[*messages, {"role": "assistant", "content": "mine"}], response_start=3)
+        assert final_text(r) == "mine" and assistant_texts(r) == ["mine"]
+        assert question_text(r) == "the question"
+        # Without response_start the whole chat is the model's, and the question is the first.
+        assert question_text(req(messages=messages)) == "example question"
+        assert assistant_texts(req(messages=messages)) == ["<answer>example answer</answer>"]
 
     def test_assistant_texts_does_not_repeat_the_response(self):
         messages = [{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]

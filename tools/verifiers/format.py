@@ -80,7 +80,7 @@ def count_calls(request: VerifyRequest, texts: list[str]) -> int:
     """Tool calls made in the trajectory: call tags in the text plus structured ``tool_calls``."""
     tagged = sum(text.count(f"<{tag}>") for text in texts for tag in CALL_TAGS)
     structured = sum(
-        len(m.get("tool_calls") or ()) for m in (request.messages or ()) if m.get("role") == "assistant"
+        len(m.get("tool_calls") or ()) for m in request.response_messages() if m.get("role") == "assistant"
     )
     return tagged + structured
 

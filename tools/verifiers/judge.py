@@ -7,7 +7,8 @@ The grader is the server's ``llm`` tool (an OpenAI-compatible chat client), reac
 - ``rubric`` (str): what a good answer looks like; a correctness rubric by default.
   ``{lo}`` and ``{hi}`` in it are replaced by the score range;
 - ``score_range`` ([lo, hi], default [0, 10]): the scale the judge is asked to use;
-- ``question`` (str): the task; default: the first user message in ``messages``;
+- ``question`` (str): the task; default: the last user message of the prompt (the first
+  user message of ``messages`` when ``response_start`` is 0);
 - ``answer_only`` (bool, default false): show the judge only the extracted answer
   (last ``<answer>`` block) instead of the whole final message;
 - ``fallback_score`` (float in [0, 1], default 0): the score when the judge fails or its
@@ -29,8 +30,8 @@ from tools.verifiers.text import (
     GroundTruthError,
     extract_answer,
     final_text,
-    first_user_text,
     gold_answers,
+    question_text,
 )
 
 DEFAULT_RUBRIC = (
@@ -104,7 +105,7 @@ def build_judge_messages(request: VerifyRequest, lo: float, hi: float) -> list[d
     rubric = (
         str(arguments.get("rubric") or DEFAULT_RUBRIC).replace("{lo}", f"{lo:g}").replace("{hi}", f"{hi:g}")
     )
-    question = arguments.get("question") or first_user_text(request.messages) or "(not given)"
+    question = arguments.get("question") or question_text(request) or "(not given)"
     response = final_text(request)
     if arguments.get("answer_only"):
         response = extract_answer(response)[0]

@@ -1,7 +1,9 @@
 """Shared text helpers for verifiers: find the model's answer, normalise it, read the gold.
 
 Every verifier scores the *final* model text: ``request.response`` when given, else the
-content of the last assistant message in ``request.messages``. Within it the answer is
+content of the last assistant message of the rollout (``request.response_messages()``:
+the messages from ``response_start`` on, so worked examples in the prompt never count as
+the model's). Within it the answer is
 the text of the LAST ``<answer>`` block; an ``<answer>`` left open at the end (a
 generation stopped on ``</answer>``, which engines strip) counts as closed by the end of
 the text. Without any ``<answer>`` tag the whole final text (stripped) is the answer.
@@ -24,7 +26,6 @@ from __future__ import annotations
 import re
 import string
 import unicodedata
-from collections.abc import Iterable
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
@@ -50,7 +51,7 @@ def final_text(request: VerifyRequest) -> str:
     """The model's final text: ``response`` if set, else the last assistant message's content."""
     if request.response is not None:
         return request.response
-    for message in reversed(request.messages or ()):
+    for message in reversed(request.response_messages()):
         if message.get("role") == "assistant":
             return content_text(message.get("content"))
     return ""
@@ -62,7 +63,9 @@ def assistant_texts(request: VerifyRequest) -> list[str]:
     ``response`` is appended only when it is not already the last assistant message, so
     callers that pass both do not see the final turn twice.
     """
-    texts = [content_text(m.get("content")) for m in (request.messages or ()) if m.get("role") == "assistant"]
+    texts = [
+        content_text(m.get("content")) for m in request.response_messages() if m.get("role") == "assistant"
+    ]
     if request.response is not None and (not texts or texts[-1] != request.response):
         texts.append(request.response)
     return texts
@@ -171,9 +174,14 @@ def gold_answers(ground_truth: Any) -> list[str]:
     )
 
 
-def first_user_text(messages: Iterable[dict[str, Any]] | None) -> str:
-    """The content of the first user message (the question), or ``""``."""
-    for message in messages or ():
-        if message.get("role") == "user":
-            return content_text(message.get("content"))
-    return ""
+def question_text(request: VerifyRequest) -> str:
+    """The task's question, or ``""``.
+
+    With ``response_start`` set it is the last user message of the prompt (earlier ones
+    may be worked examples); without it, the first user message of the chat.
+    """
+    prompt = request.prompt_messages()
+    users = [m for m in prompt or request.messages or () if m.get("role") == "user"]
+    if not users:
+        return ""
+    return content_text((users[-1] if prompt else users[0]).get("content"))

@@ -77,6 +77,7 @@ async def weighted(request: VerifyRequest, ctx: ToolContext | None = None) -> Ve
             messages=request.messages,
             session=request.session,
             arguments=options.get(name, {}),
+            response_start=request.response_start,
         )
         try:
             return await run_verifier(BUILTIN_VERIFIERS[name], sub, ctx)
