@@ -140,6 +140,24 @@ def _id(value: Any, where: str, *, required: bool) -> str | None:
 
 
 def call_from_dict(item: Any, index: int = 0) -> Call:
+    # Fast path for a well-formed call (the batched hot path): plain type checks, no
+    # error text built. Anything else goes through the checks that say what is wrong.
+    if type(item) is dict:
+        call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+        session = item.get("session")
+        if (
+            type(call_id) is str
+            and 0 < len(call_id) <= MAX_ID_LENGTH
+            and type(name) is str
+            and name
+            and type(arguments) is dict
+            and (session is None or (type(session) is str and 0 < len(session) <= MAX_ID_LENGTH))
+        ):
+            return Call(call_id, name, arguments, session)
+    return _checked_call_from_dict(item, index)
+
+
+def _checked_call_from_dict(item: Any, index: int) -> Call:
     where = f"calls[{index}]"
     if not isinstance(item, dict):
         raise ProtocolError(f"{where} must be an object, got {type(item).__name__}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 from pathlib import Path
@@ -76,6 +77,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def tune_gc(threshold: int) -> None:
+    """Fewer young-generation collections, and none over the objects built at startup.
+
+    The registry, schemas and search index live as long as the process: freezing them
+    keeps every later collection from walking them again. Serving a batch of trivial
+    calls is about a quarter cheaper (bench/README.md).
+    """
+    if threshold <= 0:
+        return
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, older, oldest)
+
+
 def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
@@ -95,6 +111,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     app = create_app(config, bind_host=host)
+    tune_gc(config.server.gc_threshold)
     uvicorn.run(
         app,
         host=host,

@@ -79,6 +79,10 @@ class ServerConfig:
     insecure: bool = False  # allow a non-loopback bind without auth tokens
     shutdown_grace_s: float = 20.0  # in-flight calls get this long to finish on SIGTERM
     log_level: str = "info"
+    # Allocations between young-generation garbage collections (Python's default: 700).
+    # Every call allocates a few short-lived dicts, so the default collects thousands of
+    # times a second; 0 keeps Python's default.
+    gc_threshold: int = 50_000
 
 
 @dataclass

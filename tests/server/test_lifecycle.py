@@ -86,3 +86,38 @@ def test_docker_compose_config_validates():
         env={"TOOLFACTORY_TOKENS": "x" * 20, "PATH": "/usr/bin:/bin:/usr/local/bin"},
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_every_config_key_is_in_the_documented_default_file():
+    import dataclasses
+
+    import yaml
+
+    from tool_server.config import DEFAULT_CONFIG_PATH, Config
+
+    documented = yaml.safe_load(DEFAULT_CONFIG_PATH.read_text())
+    missing = [
+        f"{section.name}.{key.name}"
+        for section in dataclasses.fields(Config)
+        if dataclasses.is_dataclass(section.default_factory)
+        for key in dataclasses.fields(section.default_factory)
+        if key.name not in (documented.get(section.name) or {})
+    ]
+    assert missing == []
+
+
+def test_gc_tuning_raises_the_young_threshold_and_zero_keeps_it():
+    import gc
+
+    from tool_server.cli import tune_gc
+
+    before = gc.get_threshold()
+    try:
+        tune_gc(0)
+        assert gc.get_threshold() == before
+        tune_gc(50_000)
+        assert gc.get_threshold() == (50_000, before[1], before[2])
+        assert gc.get_freeze_count() > 0  # startup objects are out of later collections
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
