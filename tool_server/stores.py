@@ -1,14 +1,14 @@
 """Small bounded stores with a fixed TTL: idempotency results and the result cache.
 
-With one TTL for every entry, insertion order is expiry order, so an OrderedDict
-evicts expired and excess entries from its front in O(1) amortised time.
+With one TTL for every entry, put order is expiry order: a deque of puts tells which
+entries to drop first, in O(1) amortised time per put and without an ordered dict's
+per-entry links (the idempotency store takes one put per call on the hot path).
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
-from itertools import islice
+from collections import deque
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
@@ -16,11 +16,13 @@ V = TypeVar("V")
 
 
 class TTLStore(Generic[K, V]):
+    """Values kept ``ttl_s`` seconds after their put; at most ``max_entries`` puts remembered."""
+
     __slots__ = ("_items", "_puts", "max_entries", "ttl_s")
 
     def __init__(self, max_entries: int, ttl_s: float) -> None:
-        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
-        self._puts = 0
+        self._items: dict[K, tuple[float, V]] = {}
+        self._puts: deque[tuple[float, K]] = deque()  # (expiry, key), oldest first
         self.max_entries = max_entries
         self.ttl_s = ttl_s
 
@@ -37,15 +39,18 @@ class TTLStore(Generic[K, V]):
         return item[1]
 
     def put(self, key: K, value: V) -> None:
-        items = self._items
-        now = time.monotonic()
-        if key in items:
-            del items[key]
-        items[key] = (now + self.ttl_s, value)
-        if len(items) > self.max_entries:
-            items.popitem(last=False)
-        self._puts += 1
-        if self._puts & 63 == 0:  # now and then, drop expired entries from the front
-            expired = [k for k in islice(items, 128) if items[k][0] < now]
-            for key in expired:
+        expiry = time.monotonic() + self.ttl_s
+        self._items[key] = (expiry, value)
+        puts = self._puts
+        puts.append((expiry, key))
+        if len(puts) > self.max_entries or puts[0][0] < expiry - self.ttl_s:
+            self._evict(expiry - self.ttl_s)
+
+    def _evict(self, now: float) -> None:
+        """Drop puts from the front while there are too many or they have expired."""
+        items, puts = self._items, self._puts
+        while puts and (len(puts) > self.max_entries or puts[0][0] < now):
+            expiry, key = puts.popleft()
+            item = items.get(key)
+            if item is not None and item[0] == expiry:  # not put again since: this is its entry
                 del items[key]

@@ -1,0 +1,54 @@
+"""TTLStore: the idempotency store and the result cache."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tool_server.stores import TTLStore
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_get_returns_what_was_put_until_it_expires(clock: list[float]) -> None:
+    store: TTLStore[str, int] = TTLStore(max_entries=10, ttl_s=5)
+    store.put("a", 1)
+    assert store.get("a") == 1 and store.get("b") is None
+    clock[0] += 4.9
+    assert store.get("a") == 1
+    clock[0] += 0.2
+    assert store.get("a") is None and len(store) == 0
+
+
+def test_oldest_entries_go_first_when_full(clock: list[float]) -> None:
+    store: TTLStore[int, int] = TTLStore(max_entries=3, ttl_s=60)
+    for i in range(5):
+        store.put(i, i * 10)
+        clock[0] += 1
+    assert [store.get(i) for i in range(5)] == [None, None, 20, 30, 40]
+    assert len(store) == 3
+
+
+def test_put_again_refreshes_the_expiry_and_keeps_the_entry(clock: list[float]) -> None:
+    store: TTLStore[str, str] = TTLStore(max_entries=10, ttl_s=5)
+    store.put("a", "old")
+    clock[0] += 4
+    store.put("a", "new")
+    clock[0] += 3  # the first put has expired, the second has not
+    store.put("b", "x")  # a put evicts expired records: only the stale one of "a" goes
+    assert store.get("a") == "new" and store.get("b") == "x"
+
+
+def test_expired_entries_are_dropped_by_later_puts(clock: list[float]) -> None:
+    store: TTLStore[int, int] = TTLStore(max_entries=1000, ttl_s=1)
+    for i in range(100):
+        store.put(i, i)
+    clock[0] += 2
+    store.put(-1, -1)
+    assert len(store) == 1  # memory does not wait for a get of each expired key
