@@ -8,16 +8,36 @@ Like ours (and like the SDK's own high-level ``MCPServer``), it answers the SDK'
 
 from __future__ import annotations
 
+import json
 import sys
 
 import mcp_types as types
 import uvicorn
 from mcp.server.lowlevel import Server
 
+# The same tool as ours: tools.testing.echo's input schema (as our registry derives it)
+# and its output, {"text": ..., "data": ...}, as content text and structured content.
 ECHO = types.Tool(
     name="echo",
-    description="Return the text unchanged.",
-    input_schema={"type": "object", "properties": {"text": {"type": "string"}}},
+    description="Return the arguments unchanged (a trivial tool for tests and benchmarks).",
+    input_schema={
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "text": {
+                "type": "string",
+                "default": "",
+                "title": "Text",
+                "description": "Text to return unchanged.",
+            },
+            "data": {
+                "anyOf": [{"type": "object", "additionalProperties": True}, {"type": "null"}],
+                "default": None,
+                "title": "Data",
+                "description": "Any JSON object; returned as structured output.",
+            },
+        },
+    },
 )
 
 
@@ -26,9 +46,10 @@ async def list_tools(ctx, params) -> types.ListToolsResult:  # type: ignore[no-u
 
 
 async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:  # type: ignore[no-untyped-def]
-    text = (params.arguments or {}).get("text", "")
+    arguments = params.arguments or {}
+    output = {"text": arguments.get("text", ""), "data": arguments.get("data")}
     return types.CallToolResult(
-        content=[types.TextContent(type="text", text=text)], structured_content={"text": text}
+        content=[types.TextContent(type="text", text=json.dumps(output))], structured_content=output
     )
 
 

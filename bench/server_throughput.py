@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import orjson
@@ -47,8 +48,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def row(name: str, concurrency: int, calls: int, result: LoadResult, per_request_calls: int = 1) -> dict:
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) a process has used so far; that process's own clock."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measured(pid: int | None, load: Awaitable[LoadResult]) -> tuple[LoadResult, float]:
+    """Run a load and return it with the CPU seconds the serving process spent meanwhile."""
+    before = cpu_seconds(pid)
+    result = await load
+    return result, cpu_seconds(pid) - before
+
+
+def row(
+    name: str,
+    concurrency: int,
+    calls: int,
+    result: LoadResult,
+    per_request_calls: int = 1,
+    server_cpu_s: float | None = None,
+) -> dict:
     return {
+        "server_cpu_us": None if server_cpu_s is None else server_cpu_s / calls * 1e6,
         "path": name,
         "callers": concurrency,
         "calls_per_s": calls / result.wall_s,
@@ -144,7 +168,9 @@ async def bench_official_client(url: str, concurrency: int, total: int) -> dict:
     return row("(e) official MCP client", concurrency, per_client * concurrency, result)
 
 
-async def run_all(server_url: str, baseline_url: str, quick: bool) -> list[dict]:
+async def run_all(
+    server_url: str, baseline_url: str, quick: bool, server_pid: int, baseline_pid: int
+) -> list[dict]:
     scale = 0.2 if quick else 1.0
     rows = []
     for concurrency in (32, 1024):
@@ -152,56 +178,71 @@ async def run_all(server_url: str, baseline_url: str, quick: bool) -> list[dict]
         def n(base: int, concurrency: int = concurrency) -> int:
             return max(concurrency, int(base * scale))
 
+        before = cpu_seconds(None)
         rows.append(await bench_in_process(concurrency, n(200_000)))
+        rows[-1]["server_cpu_us"] = (cpu_seconds(None) - before) / rows[-1]["calls"] * 1e6
         batches = n(3000)
-        r = await run_load(
-            server_url + "/v1/calls",
-            batch_maker(server_url + "/v1/calls", 64, f"b{concurrency}-"),
-            concurrency=concurrency,
-            total_requests=batches,
-            check=ok_batch,
+        r, cpu = await measured(
+            server_pid,
+            run_load(
+                server_url + "/v1/calls",
+                batch_maker(server_url + "/v1/calls", 64, f"b{concurrency}-"),
+                concurrency=concurrency,
+                total_requests=batches,
+                check=ok_batch,
+            ),
         )
-        rows.append(row("(b) /v1/calls, 64 per POST", concurrency, r.requests * 64, r, 64))
+        rows.append(row("(b) /v1/calls, 64 per POST", concurrency, r.requests * 64, r, 64, cpu))
         singles = n(20_000)
-        r = await run_load(
-            server_url + "/v1/calls",
-            batch_maker(server_url + "/v1/calls", 1, f"s{concurrency}-"),
-            concurrency=concurrency,
-            total_requests=singles,
-            check=ok_batch,
+        r, cpu = await measured(
+            server_pid,
+            run_load(
+                server_url + "/v1/calls",
+                batch_maker(server_url + "/v1/calls", 1, f"s{concurrency}-"),
+                concurrency=concurrency,
+                total_requests=singles,
+                check=ok_batch,
+            ),
         )
-        rows.append(row("(c) /v1/calls, 1 per POST", concurrency, r.requests, r))
+        rows.append(row("(c) /v1/calls, 1 per POST", concurrency, r.requests, r, 1, cpu))
         mcp_n = n(8000)
-        r = await run_load(
-            server_url + "/mcp/test",
-            mcp_maker(server_url + "/mcp/test"),
-            concurrency=concurrency,
-            total_requests=mcp_n,
-            check=ok_mcp,
+        r, cpu = await measured(
+            server_pid,
+            run_load(
+                server_url + "/mcp/test",
+                mcp_maker(server_url + "/mcp/test"),
+                concurrency=concurrency,
+                total_requests=mcp_n,
+                check=ok_mcp,
+            ),
         )
-        rows.append(row("(d) MCP 2026-07-28 raw POST (ours)", concurrency, r.requests, r))
-        r = await run_load(
-            baseline_url + "/mcp",
-            mcp_maker(baseline_url + "/mcp"),
-            concurrency=concurrency,
-            total_requests=mcp_n,
-            check=ok_mcp,
+        rows.append(row("(d) MCP 2026-07-28 raw POST (ours)", concurrency, r.requests, r, 1, cpu))
+        r, cpu = await measured(
+            baseline_pid,
+            run_load(
+                baseline_url + "/mcp",
+                mcp_maker(baseline_url + "/mcp"),
+                concurrency=concurrency,
+                total_requests=mcp_n,
+                check=ok_mcp,
+            ),
         )
-        rows.append(row("(d0) MCP SDK low-level server (baseline)", concurrency, r.requests, r))
+        rows.append(row("(d0) MCP SDK low-level server (baseline)", concurrency, r.requests, r, 1, cpu))
         rows.append(await bench_official_client(server_url + "/mcp/test", concurrency, n(2048)))
     return rows
 
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| path | callers | calls/s | p50 ms | p99 ms | errors | × MCP (d) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| path | callers | calls/s | p50 ms | p99 ms | errors | × MCP (d) | server CPU µs/call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mcp = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == r["callers"])
+        cpu = "" if r.get("server_cpu_us") is None else f"{r['server_cpu_us']:.1f}"
         lines.append(
             f"| {r['path']} | {r['callers']} | {r['calls_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['errors']} | {r['calls_per_s'] / mcp['calls_per_s']:.1f}× |"
+            f"{r['errors']} | {r['calls_per_s'] / mcp['calls_per_s']:.1f}× | {cpu} |"
         )
     for c in sorted({r["callers"] for r in rows}):
         ours = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == c)
@@ -209,7 +250,8 @@ def render(rows: list[dict]) -> str:
         batch = next(x for x in rows if x["path"].startswith("(b)") and x["callers"] == c)
         lines.append(
             f"\n{c} callers: batched/MCP = {batch['calls_per_s'] / ours['calls_per_s']:.1f}×; "
-            f"SDK baseline/ours on MCP = {base['calls_per_s'] / ours['calls_per_s']:.2f}× (target ≤ 1.2×)"
+            f"SDK baseline/ours on MCP = {base['calls_per_s'] / ours['calls_per_s']:.2f}× (target ≤ 1.2×); "
+            f"server CPU per MCP call ours/SDK = {ours['server_cpu_us'] / base['server_cpu_us']:.2f}×"
         )
     return "\n".join(lines)
 
@@ -232,7 +274,9 @@ def main() -> None:
                     if s.connect_ex(("127.0.0.1", port)) == 0:
                         break
                 time.sleep(0.1)
-            rows = asyncio.run(run_all(server.url, f"http://127.0.0.1:{port}", args.quick))
+            rows = asyncio.run(
+                run_all(server.url, f"http://127.0.0.1:{port}", args.quick, server.proc.pid, baseline.pid)
+            )
     finally:
         baseline.terminate()
         baseline.wait(10)

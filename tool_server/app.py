@@ -59,13 +59,16 @@ def create_app(
     api = HttpApi(executor, default_toolset=config.default_toolset, retry_after_s=config.limits.retry_after_s)
     tokens = load_tokens(config.auth, environ)
     upstreams = build_upstreams(config)
-    routes: list[Any] = list(api.routes())
+    # Starlette tries routes in order: the hot ones (/v1/calls, then MCP) come first.
+    calls_route, *other_routes = api.routes()
+    routes: list[Any] = [calls_route]
     mcp = McpEndpoint(executor, config, bind_host) if config.mcp.enabled else None
     if mcp is not None:
         routes += [
             Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),
             Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"]),
         ]
+    routes += other_routes
     if config.retrieve.tool and config.retrieve.tool in registry:
         retrieve = RetrieveEndpoint(executor, api, config.retrieve.tool, config.retrieve.default_topk)
         routes.append(Route("/retrieve", retrieve.handle, methods=["POST"]))

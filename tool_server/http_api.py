@@ -48,6 +48,7 @@ class HttpApi:
         return {name for ts in toolsets for name in self.registry.names_in(ts)}
 
     def routes(self) -> list[Route]:
+        """The HTTP API's routes, ``/v1/calls`` (the hot one) first."""
         return [
             Route("/v1/calls", self.calls, methods=["POST"]),
             Route("/v1/verify", self.verify, methods=["POST"]),
