@@ -105,11 +105,11 @@ async def bench_in_process(concurrency: int, total: int) -> dict:
             if i % 64 == 0:
                 await asyncio.sleep(0)  # let other callers interleave, as a server would
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds(None)
     await asyncio.gather(*(caller() for _ in range(concurrency)))
-    result.wall_s = time.perf_counter() - start
+    result.wall_s, cpu = time.perf_counter() - start, cpu_seconds(None) - cpu
     await executor.stop()
-    return row("(a) executor in-process", concurrency, total, result)
+    return row("(a) executor in-process", concurrency, total, result, 1, cpu)
 
 
 def batch_maker(url: str, size: int, prefix: str):
@@ -178,9 +178,7 @@ async def run_all(
         def n(base: int, concurrency: int = concurrency) -> int:
             return max(concurrency, int(base * scale))
 
-        before = cpu_seconds(None)
         rows.append(await bench_in_process(concurrency, n(200_000)))
-        rows[-1]["server_cpu_us"] = (cpu_seconds(None) - before) / rows[-1]["calls"] * 1e6
         batches = n(3000)
         r, cpu = await measured(
             server_pid,
