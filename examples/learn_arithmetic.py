@@ -64,13 +64,12 @@ SERVER_CONFIG = {
     ],
 }
 
-# The reward is correctness alone. A format-shaped reward (weighted: math_equal + 0.1 x
-# format) was tried first and collapsed the policy: the rollout core sends the whole chat,
-# worked examples included, to /v1/verify, so the format verifier counted the examples'
-# four calls and three answers as the model's. A trajectory without any call then had
-# "1-4 calls" and scored best, and GRPO's per-group normalization made that 0.1-sized
-# difference a full-size advantage in every all-wrong group: calls per trajectory fell
-# from 0.8 to 0 in two steps (runs/learn_arithmetic_format_v*, see examples/README.md).
+# The reward is correctness alone: a quarter of the samples are right at the start, so
+# most groups mix right and wrong. A format-shaped reward (math_equal + 0.1 x format) was
+# tried first and collapsed the policy through a since-fixed bug (the format verifier read
+# the prompt's worked examples as the model's calls; verify requests now carry
+# response_start). Under GRPO any term that differs inside a group becomes a full-size
+# advantage, so a shaping term must rank trajectories the way correctness would.
 REWARD_VERIFIER = "math_equal"
 
 
