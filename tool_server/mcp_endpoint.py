@@ -8,14 +8,17 @@ trajectory session id travels in ``_meta["toolfactory/session"]``).
 
 from __future__ import annotations
 
+import itertools
+import os
 from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import TypeAdapter
 
-from protocol import META_KEY, Call, ErrorKind, Result, new_call_id
+from protocol import META_KEY, Call, ErrorKind, Result
 from tool_server.auth import is_loopback
 from tool_server.config import Config
 from tool_server.executor import Executor
@@ -55,14 +58,23 @@ def _to_call_tool_result(result: Result) -> types.CallToolResult:
     }
     if result.error is not None:
         meta["error_kind"] = result.error.kind.value
-    return types.CallToolResult.model_validate(
-        {
-            "content": result.content or [{"type": "text", "text": ""}],
-            "structuredContent": structured,
-            "isError": result.is_error,
-            "_meta": {META_KEY: meta},
-        }
+    return types.CallToolResult(
+        content=[_content_block(block) for block in result.content]
+        or [types.TextContent(type="text", text="")],
+        structured_content=structured,
+        is_error=result.is_error,
+        meta={META_KEY: meta},
     )
+
+
+_CONTENT_BLOCK = TypeAdapter(types.ContentBlock)
+
+
+def _content_block(block: dict[str, Any]) -> Any:
+    """A result's content block as an SDK object: text built directly (the common case)."""
+    if block.get("type") == "text" and len(block) == 2:
+        return types.TextContent(type="text", text=block["text"])
+    return _CONTENT_BLOCK.validate_python(block)
 
 
 class McpEndpoint:
@@ -72,6 +84,8 @@ class McpEndpoint:
         self.default_toolset = config.default_toolset
         self._tool_cache: dict[tuple[str | None, int], list[types.Tool]] = {}
         self._visible_cache: dict[tuple[str | None, int], set[str]] = {}
+        self._id_prefix = os.urandom(6).hex()
+        self._id_counter = itertools.count()
         self.server = Server(
             config.mcp.server_name,
             version="0.1.0",
@@ -89,6 +103,11 @@ class McpEndpoint:
             max_request_body_size=config.limits.max_request_bytes,
         )
         self.asgi = StreamableHTTPASGIApp(self.session_manager)
+
+    def _new_call_id(self) -> str:
+        # Only the client can retry with the same id, so a call without one needs an id
+        # that is unique, not unguessable: a counter (uuid4 costs a urandom syscall).
+        return f"mcp-{self._id_prefix}-{next(self._id_counter)}"
 
     def _input_schema(self, name: str) -> dict[str, Any] | None:
         entry = self.registry.entries.get(name)
@@ -150,7 +169,7 @@ class McpEndpoint:
                     call_id or "", ErrorKind.BAD_REQUEST, f"_meta[{SESSION_META_KEY!r}] must be a string"
                 )
             )
-        call = Call(call_id or new_call_id(), params.name, params.arguments or {}, session)
+        call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
         if params.name in self.registry and params.name not in visible:
             result = Result.failure(
                 call.call_id,

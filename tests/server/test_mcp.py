@@ -109,3 +109,40 @@ def test_sdk_resolves_input_schemas_without_a_tools_list_per_call():
     assert lookup("echo") == registry.entries["echo"].input_schema
     assert lookup("echo")["properties"]["text"]["type"] == "string"
     assert lookup("no_such_tool") is None
+
+
+def test_results_convert_to_sdk_objects_for_every_block_kind():
+    import mcp_types as types
+
+    from protocol import Result
+    from tool_server.mcp_endpoint import _to_call_tool_result
+
+    blocks = [
+        {"type": "text", "text": "plain"},
+        {"type": "text", "text": "noted", "annotations": {"priority": 0.5}},
+        {"type": "image", "data": "aGk=", "mimeType": "image/png"},
+    ]
+    converted = _to_call_tool_result(Result("c1", blocks, structured=[1, 2]))
+    text, annotated, image = converted.content
+    assert isinstance(text, types.TextContent) and text.text == "plain"
+    assert annotated.annotations is not None and annotated.annotations.priority == 0.5
+    assert isinstance(image, types.ImageContent) and image.mime_type == "image/png"
+    assert converted.structured_content == {"result": [1, 2]}  # MCP needs an object
+    assert converted.meta["toolfactory"]["call_id"] == "c1"
+    empty = _to_call_tool_result(Result("c2", []))
+    assert [b.text for b in empty.content] == [""]
+
+
+def test_calls_without_a_client_id_get_distinct_ids():
+    from tests.support.server import server_config
+    from tool_server.app import build_registry
+    from tool_server.config import config_from_dict
+    from tool_server.executor import Executor
+    from tool_server.mcp_endpoint import McpEndpoint
+
+    config = config_from_dict(server_config(), environ={})
+    registry = build_registry(config)
+    first = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
+    second = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
+    ids = {first._new_call_id() for _ in range(1000)} | {second._new_call_id() for _ in range(1000)}
+    assert len(ids) == 2000
