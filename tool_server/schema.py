@@ -130,7 +130,8 @@ def derive_signature(fn: Callable[..., Any], name: str, description: str | None)
     validate_python = model.__pydantic_validator__.validate_python
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        return validate_python(arguments).__dict__.copy()
+        # A fresh model per call: its __dict__ is ours to hand out (and to add to).
+        return validate_python(arguments).__dict__
 
     return Signature(
         input_schema=input_schema,
