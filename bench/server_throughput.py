@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import orjson
@@ -61,6 +61,28 @@ async def measured(pid: int | None, load: Awaitable[LoadResult]) -> tuple[LoadRe
     before = cpu_seconds(pid)
     result = await load
     return result, cpu_seconds(pid) - before
+
+
+async def warm_then_measure(
+    pid: int,
+    url: str,
+    maker: Callable[[str], Callable[[int], bytes]],
+    tag: str,
+    concurrency: int,
+    total: int,
+    check: Callable[[int, bytes], bool],
+) -> tuple[LoadResult, float]:
+    """A tenth of the load unmeasured (connections, first-call caches), then the measured load.
+
+    ``maker(tag)`` builds the requests; the warm-up uses another tag so that its call ids
+    never make the measured calls idempotent replays.
+    """
+    await run_load(
+        url, maker(f"w{tag}-"), concurrency=concurrency, total_requests=max(concurrency, total // 10)
+    )
+    return await measured(
+        pid, run_load(url, maker(f"{tag}-"), concurrency=concurrency, total_requests=total, check=check)
+    )
 
 
 def row(
@@ -180,50 +202,45 @@ async def run_all(
 
         rows.append(await bench_in_process(concurrency, n(200_000)))
         batches = n(3000)
-        r, cpu = await measured(
+        r, cpu = await warm_then_measure(
             server_pid,
-            run_load(
-                server_url + "/v1/calls",
-                batch_maker(server_url + "/v1/calls", 64, f"b{concurrency}-"),
-                concurrency=concurrency,
-                total_requests=batches,
-                check=ok_batch,
-            ),
+            server_url + "/v1/calls",
+            lambda tag: batch_maker(server_url + "/v1/calls", 64, tag),
+            f"b{concurrency}",
+            concurrency,
+            batches,
+            ok_batch,
         )
         rows.append(row("(b) /v1/calls, 64 per POST", concurrency, r.requests * 64, r, 64, cpu))
-        singles = n(20_000)
-        r, cpu = await measured(
+        r, cpu = await warm_then_measure(
             server_pid,
-            run_load(
-                server_url + "/v1/calls",
-                batch_maker(server_url + "/v1/calls", 1, f"s{concurrency}-"),
-                concurrency=concurrency,
-                total_requests=singles,
-                check=ok_batch,
-            ),
+            server_url + "/v1/calls",
+            lambda tag: batch_maker(server_url + "/v1/calls", 1, tag),
+            f"s{concurrency}",
+            concurrency,
+            n(20_000),
+            ok_batch,
         )
         rows.append(row("(c) /v1/calls, 1 per POST", concurrency, r.requests, r, 1, cpu))
         mcp_n = n(8000)
-        r, cpu = await measured(
+        r, cpu = await warm_then_measure(
             server_pid,
-            run_load(
-                server_url + "/mcp/test",
-                mcp_maker(server_url + "/mcp/test"),
-                concurrency=concurrency,
-                total_requests=mcp_n,
-                check=ok_mcp,
-            ),
+            server_url + "/mcp/test",
+            lambda tag: mcp_maker(server_url + "/mcp/test"),
+            "m",
+            concurrency,
+            mcp_n,
+            ok_mcp,
         )
         rows.append(row("(d) MCP 2026-07-28 raw POST (ours)", concurrency, r.requests, r, 1, cpu))
-        r, cpu = await measured(
+        r, cpu = await warm_then_measure(
             baseline_pid,
-            run_load(
-                baseline_url + "/mcp",
-                mcp_maker(baseline_url + "/mcp"),
-                concurrency=concurrency,
-                total_requests=mcp_n,
-                check=ok_mcp,
-            ),
+            baseline_url + "/mcp",
+            lambda tag: mcp_maker(baseline_url + "/mcp"),
+            "m",
+            concurrency,
+            mcp_n,
+            ok_mcp,
         )
         rows.append(row("(d0) MCP SDK low-level server (baseline)", concurrency, r.requests, r, 1, cpu))
         rows.append(await bench_official_client(server_url + "/mcp/test", concurrency, n(2048)))

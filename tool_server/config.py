@@ -82,7 +82,7 @@ class ServerConfig:
     # Allocations between young-generation garbage collections (Python's default: 700).
     # Every call allocates a few short-lived dicts, so the default collects thousands of
     # times a second; 0 keeps Python's default.
-    gc_threshold: int = 50_000
+    gc_threshold: int = 200_000
 
 
 @dataclass
