@@ -116,7 +116,15 @@ def create_app(
 
 
 def _register_upstream(registry: Registry, upstream: Any, default_toolset: str | None) -> None:
-    """Add the upstream's tools not registered yet (it may come up, or change, after start)."""
+    """Match the registry to the upstream's tool list: it may come up, or change, after start.
+
+    New tools are added; tools it no longer lists are removed (a call to one then gets
+    ``unknown_tool`` instead of an upstream error). Only called with a fresh list.
+    """
+    offered = {descriptor["name"] for descriptor in upstream.tools}
+    for name in [n for n, e in registry.entries.items() if e.upstream is upstream and n not in offered]:
+        log.warning("upstream %s no longer offers tool %r; removed", getattr(upstream, "name", "?"), name)
+        registry.remove(name)
     for descriptor in upstream.tools:
         name = descriptor["name"]
         existing = registry.get(name)

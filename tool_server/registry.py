@@ -142,6 +142,13 @@ class Registry:
             self.toolsets.setdefault(toolset, set()).add(entry.name)
         return entry
 
+    def remove(self, name: str) -> None:
+        """Forget a tool (an upstream stopped offering it); calls already running finish."""
+        entry = self.entries.pop(name)
+        self.version += 1
+        for toolset in entry.toolsets:
+            self.toolsets.get(toolset, set()).discard(name)
+
     def add_spec(
         self, spec: ToolSpec, *, verifier: bool = False, default_timeout_s: float = 30.0
     ) -> ToolEntry:

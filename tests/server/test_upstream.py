@@ -441,3 +441,35 @@ async def test_http_upstream_going_away_and_coming_back() -> None:
         assert up.status()["restarts"] >= 2
     finally:
         await up.stop()
+
+
+def test_registry_follows_the_upstream_tool_list() -> None:
+    # The registry side of late registration: tools appear, and tools the upstream
+    # stops offering disappear (from toolsets and listings too), others stay.
+    from tool_server.app import _register_upstream
+    from tool_server.registry import Registry
+
+    class Listing:  # what _register_upstream reads of an UpstreamServer
+        name = "files"
+        call_timeout_s = 5.0
+
+        def __init__(self) -> None:
+            self.tools: list[dict[str, Any]] = []
+
+        def local_name(self, name: str) -> str:
+            return name
+
+    registry, upstream, other = Registry(), Listing(), Listing()
+    upstream.tools = [{"name": "files.read", "inputSchema": {"type": "object"}}, {"name": "files.list"}]
+    other.tools = [{"name": "other.ping"}]
+    _register_upstream(registry, upstream, "default")
+    _register_upstream(registry, other, "default")
+    assert set(registry.entries) == {"files.read", "files.list", "other.ping"}
+    version = registry.version
+
+    upstream.tools = [{"name": "files.list"}, {"name": "files.stat"}]
+    _register_upstream(registry, upstream, "default")
+    assert set(registry.entries) == {"files.list", "files.stat", "other.ping"}
+    assert registry.toolsets["default"] == {"files.list", "files.stat", "other.ping"}
+    assert "files.read" not in registry.toolsets["upstream"]
+    assert registry.version > version  # cached MCP listings are rebuilt
