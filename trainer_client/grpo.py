@@ -422,43 +422,6 @@ class SharedPrefixGenerator(HFGenerator):
         )
         self._decode_from(batch, out, attention, positions[:, -1])
 
-    def _decode_from(
-        self, batch: list[Any], out: Any, attention: torch.Tensor, last_pos: torch.Tensor
-    ) -> None:
-        """The parent's token-by-token loop, continuing from a prefilled cache."""
-        rows = len(batch)
-        past = out.past_key_values
-        logits = out.logits[:, -1, :].float()
-        steps = max(r.max_tokens for r in batch)
-        stop_window = max((len(s) for r in batch for s in r.stop), default=0) + 2
-        for _ in range(steps):
-            next_ids = []
-            for i, r in enumerate(batch):
-                if r.finish is not None:
-                    next_ids.append(self.pad_token_id)
-                    continue
-                token, log_prob = self._sample(r, logits[i])
-                r.tokens.append(token)
-                r.log_probs.append(log_prob)
-                next_ids.append(token)
-                self._check_stop(r, token, stop_window)
-            if all(r.finish is not None for r in batch):
-                break
-            step_ids = torch.tensor(next_ids, dtype=torch.long, device=self.device).unsqueeze(1)
-            attention = torch.cat(
-                [attention, torch.ones((rows, 1), dtype=torch.long, device=self.device)], dim=1
-            )
-            last_pos = last_pos + 1
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=attention,
-                position_ids=last_pos.unsqueeze(1),
-                past_key_values=past,
-                use_cache=True,
-            )
-            past = out.past_key_values
-            logits = out.logits[:, -1, :].float()
-
 
 @dataclass
 class SharedPrefix:

@@ -236,9 +236,6 @@ class HFGenerator:
             attention[i, width - n :] = 1
         input_ids, attention = input_ids.to(self.device), attention.to(self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        steps = max(r.max_tokens for r in batch)
-        stop_window = max((len(s) for r in batch for s in r.stop), default=0) + 2
-
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention,
@@ -246,9 +243,17 @@ class HFGenerator:
             use_cache=True,
             logits_to_keep=1,
         )
+        self._decode_from(batch, out, attention, positions[:, -1])
+
+    def _decode_from(
+        self, batch: list[_Request], out: Any, attention: torch.Tensor, last_pos: torch.Tensor
+    ) -> None:
+        """Token by token from a prefilled cache (``out``) until every row has finished."""
+        rows = len(batch)
         past = out.past_key_values
         logits = out.logits[:, -1, :].float()
-        last_pos = positions[:, -1]
+        steps = max(r.max_tokens for r in batch)
+        stop_window = max((len(s) for r in batch for s in r.stop), default=0) + 2
         for _ in range(steps):
             next_ids = []
             for i, r in enumerate(batch):
