@@ -3,47 +3,29 @@
 # a 24 GB card is enough): same agent loop and server, smaller batches, offloaded
 # reference model. A quick way to check a tool set-up before the 8-GPU run.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
-run_verl \
-    algorithm.adv_estimator=grpo \
-    algorithm.use_kl_in_reward=False \
+run_verl "${TOOLFACTORY_GRPO[@]}" \
     data.train_files="$DATA_DIR/search_qa/train.parquet" \
     data.val_files="$DATA_DIR/search_qa/test.parquet" \
     data.train_batch_size=32 \
     data.max_prompt_length=1024 \
     data.max_response_length=2048 \
     data.filter_overlong_prompts=True \
-    data.return_raw_chat=True \
-    actor_rollout_ref.model.path="$MODEL" \
-    actor_rollout_ref.model.use_remove_padding=True \
-    actor_rollout_ref.model.enable_gradient_checkpointing=True \
     actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
-    actor_rollout_ref.actor.use_kl_loss=True \
-    actor_rollout_ref.actor.kl_loss_coef=0.001 \
-    actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-    actor_rollout_ref.rollout.name=vllm \
-    actor_rollout_ref.rollout.mode=async \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.prompt_length=1024 \
     actor_rollout_ref.rollout.response_length=2048 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-    actor_rollout_ref.rollout.calculate_log_probs=True \
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.rollout.agent.num_workers=2 \
-    actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/agent_loop.yaml" \
-    actor_rollout_ref.rollout.agent.default_agent_loop=toolfactory \
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
-    actor_rollout_ref.ref.fsdp_config.param_offload=True \
-    trainer.logger='["console"]' \
-    trainer.project_name=toolfactory \
     trainer.experiment_name=search_r1_grpo_small_1gpu \
     trainer.n_gpus_per_node=1 \
-    trainer.nnodes=1 \
     trainer.save_freq=50 \
     trainer.test_freq=25 \
     trainer.total_training_steps=200 \
