@@ -247,29 +247,17 @@ class Executor:
     def _run_inline(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any) -> Result:
         """A bounded, non-blocking sync tool: run it right here, no task, thread or timer.
 
-        This is the hot path of batches of trivial calls, so its bookkeeping is written
-        out rather than shared with ``_finish``: nothing is in flight, no slot was taken,
-        and the result is final (no timeout or cancellation can happen), so it is stored.
+        Nothing is in flight and no slot was taken, so only the result is recorded; it is
+        final (no timeout or cancellation can happen here), so it is always stored.
         """
-        call_id = call.call_id
         start = time.perf_counter()
         try:
-            if entry.request_param is None and entry.context_param is None:
-                output = entry.func(**kwargs)
-            else:
-                output = self._call_sync(call, entry, kwargs)
-            result = self._to_result(call_id, output)
+            result = self._to_result(call.call_id, self._call_sync(call, entry, kwargs))
         except ToolError as exc:
-            result = Result.failure(call_id, exc.kind, exc.message)
+            result = Result.failure(call.call_id, exc.kind, exc.message)
         except Exception as exc:
-            result = Result.failure(call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
-        elapsed = time.perf_counter() - start
-        result.elapsed_ms = elapsed * 1000.0
-        self._done.put(call_id, (call.name, result))
-        if cache_key is not None and not result.is_error:
-            self._cache.put(cache_key, result)  # type: ignore[union-attr]
-        outcome = "ok" if result.error is None else result.error.kind.value
-        self.metrics.tool_stats.for_tool(entry.name).record(outcome, elapsed)
+            result = Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
+        self._record(call, entry, result, time.perf_counter() - start, cache_key, store=True)
         return result
 
     def _call_sync(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Any:
@@ -319,11 +307,16 @@ class Executor:
         inner: bool,
         store: bool,
     ) -> None:
-        elapsed = time.perf_counter() - start
-        result.elapsed_ms = elapsed * 1000.0
         self._inflight.pop(call.call_id, None)
         if not inner:
             self.admitted -= 1
+        self._record(call, entry, result, time.perf_counter() - start, cache_key, store)
+
+    def _record(
+        self, call: Call, entry: ToolEntry, result: Result, elapsed: float, cache_key: Any, store: bool
+    ) -> None:
+        """Time the result, keep it (idempotency store, result cache) and count it."""
+        result.elapsed_ms = elapsed * 1000.0
         if store:
             self._done.put(call.call_id, (call.name, result))
         if cache_key is not None and not result.is_error:

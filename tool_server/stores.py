@@ -39,12 +39,13 @@ class TTLStore(Generic[K, V]):
         return item[1]
 
     def put(self, key: K, value: V) -> None:
-        expiry = time.monotonic() + self.ttl_s
+        now = time.monotonic()
+        expiry = now + self.ttl_s
         self._items[key] = (expiry, value)
         puts = self._puts
         puts.append((expiry, key))
-        if len(puts) > self.max_entries or puts[0][0] < expiry - self.ttl_s:
-            self._evict(expiry - self.ttl_s)
+        if len(puts) > self.max_entries or puts[0][0] < now:
+            self._evict(now)
 
     def _evict(self, now: float) -> None:
         """Drop puts from the front while there are too many or they have expired."""

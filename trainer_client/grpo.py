@@ -962,9 +962,8 @@ class GRPOTrainer:
         needs_all_rows = self.ref_model is not None or cfg.entropy_coeff > 0
         # Rows of a group whose rewards are all equal have no signal (their float advantage
         # is rounding noise): skipped unless a KL or entropy term needs every row.
-        flat = {
-            int(g) for g in batch.group_index if len(set(batch.rewards[batch.group_index == g].tolist())) == 1
-        }
+        groups = set(batch.group_index.tolist())
+        flat = {g for g in groups if len(set(batch.rewards[batch.group_index == g].tolist())) == 1}
         active = [i for i in rows if needs_all_rows or int(batch.group_index[i]) not in flat]
         actor_cfg = actor_loss_config(
             cfg, batch_num_tokens=int(mask.sum().item()), global_batch_size=len(rows)
