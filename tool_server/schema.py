@@ -1,7 +1,8 @@
 """JSON schemas and argument validators derived from a tool's typed signature.
 
 Pydantic does the heavy lifting: one model per tool, built once at registration,
-validates arguments in a few microseconds and yields the MCP ``inputSchema``.
+yields the MCP ``inputSchema``; a TypedDict of the same fields validates arguments
+in well under a microsecond.
 Descriptions come from ``Annotated[T, "text"]`` or the docstring's ``Args:`` section.
 """
 
@@ -11,13 +12,16 @@ import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, NotRequired, Required, get_args, get_origin, get_type_hints
 
 import pydantic
 from pydantic import ConfigDict, Field, TypeAdapter
+from typing_extensions import TypedDict  # pydantic needs this one before Python 3.12
 
 from protocol import ToolContext, ToolOutput, VerifyRequest, VerifyResult
 
+# Unknown arguments are errors (a model's typo should not pass silently).
+_ARGUMENTS_CONFIG = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 _ARGS_HEADER = re.compile(r"^\s*(Args|Arguments|Parameters):\s*$")
 _ARG_LINE = re.compile(r"^\s+(\*{0,2}\w+)\s*(\([^)]*\))?\s*:\s*(.*)$")
 
@@ -121,26 +125,36 @@ def derive_signature(fn: Callable[..., Any], name: str, description: str | None)
     model_name = re.sub(r"\W", "_", name) + "_arguments"
     model = pydantic.create_model(  # type: ignore[call-overload]
         model_name,
-        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=True),
+        __config__=_ARGUMENTS_CONFIG,
         **fields,
     )
     input_schema = model.model_json_schema()
     input_schema.pop("title", None)
 
-    validate_python = model.__pydantic_validator__.validate_python
-
-    def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        # A fresh model per call: its __dict__ is ours to hand out (and to add to).
-        return validate_python(arguments).__dict__
-
     return Signature(
         input_schema=input_schema,
         output_schema=_output_schema(hints.get("return", inspect.Signature.empty)),
-        validate=validate,
+        validate=_dict_validator(model_name, fields),
         context_param=context_param,
         request_param=request_param,
         description=description or summary or f"The {name} tool.",
     )
+
+
+def _dict_validator(name: str, fields: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Validate arguments straight into a fresh dict (ours to hand out and to add to).
+
+    The same fields, defaults and rules as the tool's model, as a TypedDict: pydantic
+    then builds no model instance per call, which halves the cost of validation
+    (0.4 vs 0.8 µs for a two-argument tool; bench/README.md).
+    """
+    annotations = {
+        pname: (Required if info.is_required() else NotRequired)[Annotated[annotation, info]]
+        for pname, (annotation, info) in fields.items()
+    }
+    arguments_type = TypedDict(name, annotations)  # type: ignore[misc, operator]
+    arguments_type.__pydantic_config__ = _ARGUMENTS_CONFIG  # type: ignore[attr-defined]
+    return TypeAdapter(arguments_type).validator.validate_python  # type: ignore[return-value]
 
 
 def format_validation_error(exc: pydantic.ValidationError) -> str:
