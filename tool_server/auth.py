@@ -142,6 +142,9 @@ class BodyLimitMiddleware:
                 if too_big:
                     await self._reject(send)
                     return
+                # The server reads exactly Content-Length bytes: nothing more to count.
+                await self.app(scope, receive, send)
+                return
         received = 0
         limit = self.max_bytes
 

@@ -62,11 +62,12 @@ class ToolEntry:
     toolsets: set[str] = field(default_factory=set)
     instance: Any = None  # the object whose startup()/shutdown() the server calls
     upstream: Any = None  # an UpstreamServer, for tools proxied from another MCP server
+    # Run on the event loop without a task: sync, marked non-blocking, not proxied.
+    # Worked out once here: the executor asks on every call.
+    inline: bool = field(init=False)
 
-    @property
-    def inline(self) -> bool:
-        """Run on the event loop without a task: sync, marked non-blocking, not proxied."""
-        return not self.is_async and not self.meta.blocking and self.upstream is None
+    def __post_init__(self) -> None:
+        self.inline = not self.is_async and not self.meta.blocking and self.upstream is None
 
     @property
     def is_verifier(self) -> bool:

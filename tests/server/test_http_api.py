@@ -170,6 +170,24 @@ def test_oversized_body_gets_413(tmp_path):
         assert response.status_code == 413 and "limit is 3" in response.json()["error"]["message"]
 
 
+def test_body_longer_than_its_content_length_is_cut_at_the_declared_length(server):
+    """The body limit trusts Content-Length because the server reads exactly that many bytes."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(server.url)
+    body = b'{"calls": []}' + b" " * 50_000
+    head = f"POST /v1/calls HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(head.encode() + b"Content-Length: 5\r\nConnection: close\r\n\r\n" + body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line.split()[1] == b"400"  # the app saw the 5 declared bytes only: '{"cal'
+    assert b"not valid JSON" in rest
+
+
 def test_tools_listing_and_toolsets(server):
     default = httpx.get(server.url + "/v1/tools").json()
     assert [t["name"] for t in default["tools"]] == ["calculator"]
