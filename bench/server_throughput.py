@@ -4,9 +4,11 @@
 one call per POST, (d) MCP 2026-07-28 as raw POSTs (ours, and the MCP SDK's own
 low-level server as the baseline), (e) the official MCP client. Each at 32 and 1024
 concurrent callers; one uvicorn worker per server; the load generator runs in this
-process (the other core). Prints a markdown table with ratios.
+process (the other core). The HTTP paths (b)-(d0) run ``--repeats`` times, interleaved,
+and the table shows the fastest run of each with the range. Prints a markdown table
+with ratios.
 
-    python bench/server_throughput.py [--quick]
+    python bench/server_throughput.py [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -193,11 +195,24 @@ async def bench_official_client(url: str, concurrency: int, total: int) -> dict:
     return row("(e) official MCP client", concurrency, per_client * concurrency, result)
 
 
+def best_of(runs: list[dict]) -> dict:
+    """The fastest of repeated runs, with the range of all of them.
+
+    This machine's neighbours only ever slow a run down (the same script has moved
+    20-30 % between runs minutes apart), so the fastest run is the best estimate of what
+    the code costs; the range shows how much the machine moved meanwhile.
+    """
+    best = max(runs, key=lambda r: r["calls_per_s"])
+    rates = [r["calls_per_s"] for r in runs]
+    return {**best, "range": (min(rates), max(rates)), "runs": len(runs)}
+
+
 async def run_all(
-    server_url: str, baseline_url: str, quick: bool, server_pid: int, baseline_pid: int
+    server_url: str, baseline_url: str, quick: bool, repeats: int, server_pid: int, baseline_pid: int
 ) -> list[dict]:
     scale = 0.2 if quick else 1.0
     idempotency_entries = config_from_dict(server_config(), environ={}).idempotency.max_entries
+    batch_url, mcp_url, sdk_url = server_url + "/v1/calls", server_url + "/mcp/test", baseline_url + "/mcp"
     rows = []
     for concurrency in (32, 1024):
 
@@ -205,66 +220,44 @@ async def run_all(
             return max(concurrency, int(base * scale))
 
         rows.append(await bench_in_process(concurrency, n(200_000)))
-        batches = n(3000)
-        r, cpu = await warm_then_measure(
-            server_pid,
-            server_url + "/v1/calls",
-            lambda tag: batch_maker(server_url + "/v1/calls", 64, tag),
-            f"b{concurrency}",
-            concurrency,
-            batches,
-            ok_batch,
-            # Steady state: a server that has run a few seconds at this rate holds as many
-            # results for retries as its idempotency store keeps (until then it grows).
-            warm_requests=math.ceil(idempotency_entries / 64),
-        )
-        rows.append(row("(b) /v1/calls, 64 per POST", concurrency, r.requests * 64, r, 64, cpu))
-        r, cpu = await warm_then_measure(
-            server_pid,
-            server_url + "/v1/calls",
-            lambda tag: batch_maker(server_url + "/v1/calls", 1, tag),
-            f"s{concurrency}",
-            concurrency,
-            n(20_000),
-            ok_batch,
-        )
-        rows.append(row("(c) /v1/calls, 1 per POST", concurrency, r.requests, r, 1, cpu))
-        mcp_n = n(8000)
-        r, cpu = await warm_then_measure(
-            server_pid,
-            server_url + "/mcp/test",
-            lambda tag: mcp_maker(server_url + "/mcp/test"),
-            "m",
-            concurrency,
-            mcp_n,
-            ok_mcp,
-        )
-        rows.append(row("(d) MCP 2026-07-28 raw POST (ours)", concurrency, r.requests, r, 1, cpu))
-        r, cpu = await warm_then_measure(
-            baseline_pid,
-            baseline_url + "/mcp",
-            lambda tag: mcp_maker(baseline_url + "/mcp"),
-            "m",
-            concurrency,
-            mcp_n,
-            ok_mcp,
-        )
-        rows.append(row("(d0) MCP SDK low-level server (baseline)", concurrency, r.requests, r, 1, cpu))
-        rows.append(await bench_official_client(server_url + "/mcp/test", concurrency, n(2048)))
+        # (name, server pid, url, request maker, id tag, requests, check, calls per request,
+        # warm-up requests before the first run). Steady state for the batched path: a server
+        # that has run a few seconds at this rate holds as many results for retries as its
+        # idempotency store keeps (until then it grows, and pays page faults for it).
+        paths = [
+            ("(b) /v1/calls, 64 per POST", server_pid, batch_url, lambda t: batch_maker(batch_url, 64, t),
+             f"b{concurrency}", n(3000), ok_batch, 64, math.ceil(idempotency_entries / 64)),
+            ("(c) /v1/calls, 1 per POST", server_pid, batch_url, lambda t: batch_maker(batch_url, 1, t),
+             f"s{concurrency}", n(20_000), ok_batch, 1, 0),
+            ("(d) MCP 2026-07-28 raw POST (ours)", server_pid, mcp_url, lambda t: mcp_maker(mcp_url),
+             "m", n(8000), ok_mcp, 1, 0),
+            ("(d0) MCP SDK low-level server (baseline)", baseline_pid, sdk_url, lambda t: mcp_maker(sdk_url),
+             "m", n(8000), ok_mcp, 1, 0),
+        ]  # fmt: skip
+        runs: dict[str, list[dict]] = {name: [] for name, *_ in paths}
+        for rep in range(repeats):  # interleaved, so that ours and the SDK's see the same machine
+            for name, pid, url, maker, tag, total, check, per_request, warm in paths:
+                r, cpu = await warm_then_measure(
+                    pid, url, maker, f"{tag}r{rep}", concurrency, total, check, warm if rep == 0 else 0
+                )
+                runs[name].append(row(name, concurrency, r.requests * per_request, r, per_request, cpu))
+        rows += [best_of(runs[name]) for name, *_ in paths]
+        rows.append(await bench_official_client(mcp_url, concurrency, n(2048)))
     return rows
 
 
 def render(rows: list[dict]) -> str:
     lines = [
-        "| path | callers | calls/s | p50 ms | p99 ms | errors | × MCP (d) | server CPU µs/call |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| path | callers | calls/s | p50 ms | p99 ms | errors | × MCP (d) | server CPU µs/call | all runs, calls/s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         mcp = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == r["callers"])
         cpu = "" if r.get("server_cpu_us") is None else f"{r['server_cpu_us']:.1f}"
+        spread = f"{r['range'][0]:,.0f}–{r['range'][1]:,.0f} ({r['runs']})" if r.get("runs", 1) > 1 else ""
         lines.append(
             f"| {r['path']} | {r['callers']} | {r['calls_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['errors']} | {r['calls_per_s'] / mcp['calls_per_s']:.1f}× | {cpu} |"
+            f"{r['errors']} | {r['calls_per_s'] / mcp['calls_per_s']:.1f}× | {cpu} | {spread} |"
         )
     for c in sorted({r["callers"] for r in rows}):
         ours = next(x for x in rows if x["path"].startswith("(d) ") and x["callers"] == c)
@@ -283,7 +276,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a fifth of the requests (a smoke run)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each HTTP path, interleaved; the table shows the fastest and the range (default 3)",
+    )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     port = free_port()
     baseline = subprocess.Popen(
         [sys.executable, str(Path(__file__).with_name("sdk_baseline_server.py")), str(port)]
@@ -297,12 +298,22 @@ def main() -> None:
                         break
                 time.sleep(0.1)
             rows = asyncio.run(
-                run_all(server.url, f"http://127.0.0.1:{port}", args.quick, server.proc.pid, baseline.pid)
+                run_all(
+                    server.url,
+                    f"http://127.0.0.1:{port}",
+                    args.quick,
+                    args.repeats,
+                    server.proc.pid,
+                    baseline.pid,
+                )
             )
     finally:
         baseline.terminate()
         baseline.wait(10)
-    print(f"\nserver throughput — {os.cpu_count()} cores, one uvicorn worker per server\n")
+    print(
+        f"\nserver throughput — {os.cpu_count()} cores, one uvicorn worker per server; "
+        f"HTTP paths: fastest of {args.repeats} interleaved runs\n"
+    )
     print(render(rows))
 
 
