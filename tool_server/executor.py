@@ -95,6 +95,11 @@ class Executor:
         self.max_structured_bytes = limits.max_structured_bytes
         self.max_timeout_s = limits.max_timeout_s
 
+    @property
+    def results_stored(self) -> int:
+        """Results kept for idempotent retries since start (each keeps ~10 objects alive)."""
+        return self._done.puts_total
+
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Start tools (load indexes, warm pools) and the session sweeper."""

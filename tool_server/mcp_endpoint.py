@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -26,6 +27,8 @@ from tool_server.config import Config
 from tool_server.executor import Executor
 
 MCP_REQUESTS_PER_COLLECT = 256
+# More results stored since the last collection than this: skip it (see _CollectingEvery).
+MAX_RESULTS_BETWEEN_COLLECTS = 20_000
 SESSION_META_KEY = f"{META_KEY}/session"  # _meta key carrying the trajectory session id
 CALL_ID_META_KEY = f"{META_KEY}/call_id"  # optional client-chosen idempotency key
 
@@ -88,14 +91,24 @@ class _CollectingEvery:
     threshold (``server.gc_threshold``: right for the batched path, which leaves none)
     let them pile up for ~12k requests, and the collection that finally came took
     0.4 s (about 50 µs per MCP request). Collecting every 256 MCP requests keeps each
-    collection small: ~8 µs per request here (bench/README.md). A plain class, not a
-    method: Starlette routes call an object like this as ASGI.
+    collection small: ~8 µs per request here (bench/README.md).
+
+    A collection also walks every object born since the last one. When the batched path
+    has stored many results meanwhile (``long_lived()`` counts them) it is skipped: those
+    results would be walked for nothing, and in pure batched traffic they are never
+    walked at all. Then the automatic threshold collects, as without this class.
+    A plain class, not a method: Starlette routes call an object like this as ASGI.
     """
 
-    def __init__(self, app: ASGIApp, requests: int) -> None:
+    def __init__(
+        self, app: ASGIApp, requests: int, long_lived: Callable[[], int], max_long_lived: int
+    ) -> None:
         self.app = app
         self.requests = requests
+        self.long_lived = long_lived
+        self.max_long_lived = max_long_lived
         self.since_collect = 0
+        self.long_lived_mark = long_lived()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -104,7 +117,10 @@ class _CollectingEvery:
             self.since_collect += 1
             if self.since_collect >= self.requests:
                 self.since_collect = 0
-                gc.collect(0)
+                now = self.long_lived()
+                if now - self.long_lived_mark <= self.max_long_lived:
+                    gc.collect(0)
+                self.long_lived_mark = now
 
 
 class McpEndpoint:
@@ -132,7 +148,12 @@ class McpEndpoint:
             security_settings=transport_security(config, bind_host),
             max_request_body_size=config.limits.max_request_bytes,
         )
-        self.asgi = _CollectingEvery(StreamableHTTPASGIApp(self.session_manager), MCP_REQUESTS_PER_COLLECT)
+        self.asgi = _CollectingEvery(
+            StreamableHTTPASGIApp(self.session_manager),
+            MCP_REQUESTS_PER_COLLECT,
+            long_lived=lambda: executor.results_stored,
+            max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
+        )
 
     def _new_call_id(self) -> str:
         # Only the client can retry with the same id, so a call without one needs an id

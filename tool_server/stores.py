@@ -18,13 +18,14 @@ V = TypeVar("V")
 class TTLStore(Generic[K, V]):
     """Values kept ``ttl_s`` seconds after their put; at most ``max_entries`` puts remembered."""
 
-    __slots__ = ("_items", "_puts", "max_entries", "ttl_s")
+    __slots__ = ("_items", "_puts", "max_entries", "ttl_s", "puts_total")
 
     def __init__(self, max_entries: int, ttl_s: float) -> None:
         self._items: dict[K, tuple[float, V]] = {}
         self._puts: deque[tuple[float, K]] = deque()  # (expiry, key), oldest first
         self.max_entries = max_entries
         self.ttl_s = ttl_s
+        self.puts_total = 0  # puts ever made: how many values were kept, for GC decisions
 
     def __len__(self) -> int:
         return len(self._items)
@@ -44,6 +45,7 @@ class TTLStore(Generic[K, V]):
         items, puts = self._items, self._puts
         items[key] = (expiry, value)
         puts.append((expiry, key))
+        self.puts_total += 1
         if len(puts) > self.max_entries:
             # A full store drops one put per put: done here, without the loop of _evict.
             old_expiry, old_key = puts.popleft()
