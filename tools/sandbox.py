@@ -30,7 +30,9 @@ Confinement, in the order the bootstrap applies it:
   host's ``/tmp`` (other sandboxes, the server's files), hidden directories, and writing
   anywhere but its own tmpfs. Without a mount namespace the working directory is a
   private host directory (mode 0700 inside a 0711 parent) and the host ``/tmp`` stays
-  visible (weaker). ``/proc`` still lists host processes (there is no PID namespace).
+  visible (weaker). ``/proc`` is a fresh mount with ``hidepid=invisible``: once the
+  worker has dropped to its own uid it lists only that uid's processes, not the server's
+  or other sandboxes' (there is no PID namespace: pids are still the host's numbers).
 * **identity**: as root, each worker drops to its own unprivileged uid/gid (picked
   from ``UID_RANGE``), with ``no_new_privs``. A per-worker uid is what makes
   ``RLIMIT_NPROC`` bind (it counts processes per real uid, and root ignores it), and
@@ -134,7 +136,7 @@ CONFIG = json.loads(sys.argv[1])
 CTL_IN, CTL_OUT = os.dup(0), os.dup(1)
 MAIN_PID = os.getpid()
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 PR_SET_NO_NEW_PRIVS = 38
 
 
@@ -240,6 +242,11 @@ def isolate_namespaces(libc, uid, report):
             opts = f"size={size}m,nr_inodes=4096,mode=0700{owner}".encode()
             cover(mount, path, opts, children_within(path, needed))  # a venv under /tmp stays visible
     report["filesystem"] = "mount namespace, private tmpfs /tmp"
+    try:  # a /proc of its own that lists only processes of its uid (Linux >= 5.8)
+        mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
+        report["proc"] = "own processes only (hidepid)"
+    except OSError as exc:
+        report["proc"] = f"host processes visible ({exc})"
     return "/tmp"
 
 

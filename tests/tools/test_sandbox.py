@@ -193,6 +193,22 @@ async def test_root_only_files_are_unreadable(pool: SandboxPool, bystander: Sand
     assert allowed.value == "True"  # world-readable system files are part of the allowed view
 
 
+async def test_processes_of_the_server_and_other_sandboxes_are_not_listed(
+    pool: SandboxPool, bystander: SandboxWorker, strong: bool
+) -> None:
+    needs_strong(strong)
+    assert pool.isolation["proc"].startswith("own processes only"), pool.isolation
+    result, _ = await attack(
+        pool,
+        "import os\n"
+        "listed = [e for e in os.listdir('/proc') if e.isdigit()]\n"
+        "(os.path.exists(f'/proc/{os.getpid()}'), os.path.exists(f'/proc/{os.getppid()}'),"
+        " os.path.exists('/proc/1'), len(listed) <= 4)",
+    )
+    # itself yes; its parent (the tool server), init and every bystander's worker: no
+    assert result.value == "(True, False, False, True)", result
+
+
 async def test_host_files_outside_the_sandbox_are_invisible(
     pool: SandboxPool, bystander: SandboxWorker, strong: bool, tmp_path: Path
 ) -> None:
