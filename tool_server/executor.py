@@ -257,11 +257,7 @@ class Executor:
         """
         start = time.perf_counter()
         try:
-            if entry.context_param is None and entry.request_param is None:
-                output = entry.func(**kwargs)
-            else:
-                output = self._call_sync(call, entry, kwargs)
-            result = self._to_result(call.call_id, output)
+            result = self._to_result(call.call_id, self._call_sync(call, entry, kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
         except Exception as exc:

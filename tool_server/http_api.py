@@ -67,8 +67,7 @@ class HttpApi:
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
 
-    def allowed_tools(self, request: Request | Scope) -> set[str] | None:
-        scope = request.scope if isinstance(request, Request) else request
+    def allowed_tools(self, scope: Scope) -> set[str] | None:
         toolsets = scope.get("state", {}).get("toolsets")
         if toolsets is None:
             return None
@@ -119,7 +118,7 @@ class HttpApi:
             )
         self.executor.metrics.batches.labels("verify").inc()
         try:
-            results = await self.executor.verify_batch(requests, self.allowed_tools(request))
+            results = await self.executor.verify_batch(requests, self.allowed_tools(request.scope))
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
@@ -134,7 +133,7 @@ class HttpApi:
             return error_response(
                 404, ErrorKind.BAD_REQUEST, f"no toolset named {toolset!r}; known toolsets: {known}"
             )
-        allowed = self.allowed_tools(request)
+        allowed = self.allowed_tools(request.scope)
         tools = [d for d in self.registry.descriptors(toolset) if allowed is None or d["name"] in allowed]
         return json_response({"tools": tools, "toolset": toolset})
 

@@ -46,12 +46,7 @@ class TTLStore(Generic[K, V]):
         items[key] = (expiry, value)
         puts.append((expiry, key))
         self.puts_total += 1
-        if len(puts) > self.max_entries:
-            # A full store drops one put per put: done here, without the loop of _evict.
-            old_expiry, old_key = puts.popleft()
-            if items.get(old_key, (None,))[0] == old_expiry:  # not put again since
-                del items[old_key]
-        if puts[0][0] < now:
+        if len(puts) > self.max_entries or puts[0][0] < now:
             self._evict(now)
 
     def _evict(self, now: float) -> None:
