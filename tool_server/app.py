@@ -52,7 +52,7 @@ def create_app(
     config: Config, *, bind_host: str | None = None, environ: dict[str, str] | None = None
 ) -> Starlette:
     """The whole server as one ASGI app. ``bind_host`` decides the MCP Host checks."""
-    bind_host = bind_host or config.server.host
+    bind_host = config.server.host if bind_host is None else bind_host
     registry = build_registry(config)
     metrics = Metrics()
     executor = Executor(registry, config, metrics)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 import os
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -13,11 +15,22 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tool_server.config import AuthConfig, ConfigError
 
+ANONYMOUS_TENANT = "anonymous"  # the one tenant of a server without tokens
+
 
 @dataclass(frozen=True, slots=True)
 class Token:
     secret: str
     toolsets: frozenset[str] | None  # None: every tool
+    # A token is a tenant: stored results and sessions belong to it. Derived from the
+    # secret (not its position in the list), so every replica names it the same way.
+    tenant: str = field(init=False)
+    secret_bytes: bytes = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        secret = self.secret.encode()
+        object.__setattr__(self, "secret_bytes", secret)
+        object.__setattr__(self, "tenant", "t-" + hashlib.sha256(secret).hexdigest()[:16])
 
 
 def parse_token_entries(text: str, source: str) -> list[Token]:
@@ -48,13 +61,28 @@ def load_tokens(config: AuthConfig, environ: dict[str, str] | None = None) -> li
     return tokens
 
 
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
+def bound_addresses(host: str, port: int = 0) -> list[str]:
+    """The addresses a listener on ``host`` binds, resolved the way the server resolves them.
+
+    ``""`` (like ``0.0.0.0`` and ``::``) means every interface: asyncio passes it to
+    getaddrinfo with AI_PASSIVE, which answers the wildcard addresses. A name that does
+    not resolve binds nothing and is reported as an error by the caller.
+    """
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError):
+        return []
+    return sorted({info[4][0] for info in infos})
+
+
+def is_loopback(host: str) -> bool:
+    """True only when every address a listener on ``host`` would bind is a loopback one.
+
+    Decided from the resolved addresses, never from the spelling: ``""`` binds every
+    interface, and a name may resolve to public addresses.
+    """
+    addresses = bound_addresses(host.strip("[]") if host else host)
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
 async def _send_json(
@@ -101,19 +129,23 @@ class AuthMiddleware:
                 [(b"www-authenticate", b'Bearer realm="toolfactory"')],
             )
             return
-        scope.setdefault("state", {})["toolsets"] = token.toolsets
+        state = scope.setdefault("state", {})
+        state["toolsets"] = token.toolsets
+        state["tenant"] = token.tenant
         await self.app(scope, receive, send)
 
     def _match(self, scope: Scope) -> Token | None:
         for name, value in scope["headers"]:
             if name == b"authorization":
-                scheme, _, secret = value.decode("latin-1").partition(" ")
-                if scheme.lower() != "bearer":
+                scheme, _, secret = value.partition(b" ")
+                if scheme.lower() != b"bearer":
                     return None
+                # Bytes, not str: compare_digest refuses str with non-ASCII characters,
+                # and any byte a client sends must end in 401, never in a 500.
                 secret = secret.strip()
                 found = None
                 for token in self.tokens:  # compare against all: no timing hint of which matched
-                    if hmac.compare_digest(token.secret, secret):
+                    if hmac.compare_digest(token.secret_bytes, secret):
                         found = token
                 return found
         return None

@@ -41,6 +41,7 @@ class LimitsConfig:
 class IdempotencyConfig:
     ttl_s: float = 900.0  # how long a finished call_id's result is kept for retries
     max_entries: int = 200_000
+    max_bytes: int = 256 * 1024 * 1024  # estimated memory of kept results; the oldest go first
 
 
 @dataclass
@@ -48,6 +49,7 @@ class CacheConfig:
     enabled: bool = True  # result cache for tools marked cacheable
     max_entries: int = 50_000
     ttl_s: float = 3600.0
+    max_bytes: int = 128 * 1024 * 1024  # estimated memory of cached results; the oldest go first
 
 
 @dataclass
@@ -83,6 +85,13 @@ class ServerConfig:
     # Every call allocates a few short-lived dicts, so the default collects thousands of
     # times a second; 0 keeps Python's default.
     gc_threshold: int = 200_000
+    # Slow or stalled clients (tool_server/connections.py): each holds an fd until closed.
+    header_timeout_s: float = 10.0  # request headers must be complete within this; else 408, close
+    body_timeout_s: float = 30.0  # the whole body must arrive within this of the headers; else 408
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    # Open connections at most (lowered to fit the open-files limit). At the cap a new one
+    # evicts the longest-idle connection; if all have requests in progress it gets a 503.
+    max_connections: int = 8192
 
 
 @dataclass

@@ -4,7 +4,11 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
 ``Executor``, so the same guarantees hold everywhere:
 
 * one result per call, never an exception: failures are ``Result.failure`` values;
-* a call_id seen before returns the stored result (or joins the running call);
+* the caller's token is checked before anything is looked up: a tool it may not use is
+  ``unauthorized`` whatever the call_id;
+* a call_id seen before *from the same tenant* returns the stored result (or joins the
+  running call) if the call is the same (tool, arguments, session); a different call
+  under a used id is refused. Another tenant's call_id is just a new id;
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;
 * per-call timeouts that cancel the coroutine (sync tools run in worker threads
   and are abandoned on timeout: put hard-to-stop work in a subprocess);
@@ -19,6 +23,7 @@ import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -37,6 +42,7 @@ from protocol import (
     new_call_id,
 )
 from protocol.messages import ErrorInfo
+from tool_server.auth import ANONYMOUS_TENANT
 from tool_server.config import Config
 from tool_server.metrics import Metrics
 from tool_server.registry import VERIFIER_PREFIX, Registry, ToolEntry
@@ -52,22 +58,36 @@ class Overloaded(Exception):
     """A batch cannot be admitted: the queue is full. The HTTP layer answers 429."""
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a call: the tenant owning its stored results and sessions, and what it may use.
+
+    ``allowed`` is the set of tool names the caller's token may call (None: every tool).
+    """
+
+    tenant: str = ANONYMOUS_TENANT
+    allowed: frozenset[str] | None = None
+
+
+ANONYMOUS = Caller()
+# (tool, session, hash of the canonical arguments): what a reused call_id must match.
+Fingerprint = tuple[str, str | None, int]
+
+
 class CallContext:
     """The ToolContext handed to tools that ask for one."""
 
-    __slots__ = ("_executor", "_allowed", "call_id", "session")
+    __slots__ = ("_executor", "_caller", "call_id", "session")
 
-    def __init__(
-        self, executor: Executor, call_id: str, session: SessionState | None, allowed: set[str] | None
-    ):
+    def __init__(self, executor: Executor, call_id: str, session: SessionState | None, caller: Caller):
         self._executor = executor
-        self._allowed = allowed
+        self._caller = caller
         self.call_id = call_id
         self.session = session
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Result:
         inner = Call(new_call_id(), name, arguments, self.session.id if self.session else None)
-        return await self._executor.run_inner(inner, self._allowed)
+        return await self._executor.run_inner(inner, self._caller)
 
 
 class Executor:
@@ -82,12 +102,15 @@ class Executor:
         self._slots = asyncio.Semaphore(limits.max_concurrency)
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
         self._threads = anyio.CapacityLimiter(limits.thread_pool_size)
-        self._done: TTLStore[str, tuple[str, Result]] = TTLStore(
-            config.idempotency.max_entries, config.idempotency.ttl_s
+        # Keyed by (tenant, call_id): a tenant can only ever meet its own results.
+        self._done: TTLStore[tuple[str, str], tuple[Fingerprint, Result]] = TTLStore(
+            config.idempotency.max_entries, config.idempotency.ttl_s, config.idempotency.max_bytes
         )
-        self._inflight: dict[str, asyncio.Future[Result]] = {}
+        self._inflight: dict[tuple[str, str], tuple[Fingerprint, asyncio.Future[Result]]] = {}
         self._cache: TTLStore[tuple[Any, ...], Result] | None = (
-            TTLStore(config.cache.max_entries, config.cache.ttl_s) if config.cache.enabled else None
+            TTLStore(config.cache.max_entries, config.cache.ttl_s, config.cache.max_bytes)
+            if config.cache.enabled
+            else None
         )
         self.sessions = SessionStore(config.sessions.ttl_s, config.sessions.max_sessions)
         self._sweeper: asyncio.Task[None] | None = None
@@ -99,6 +122,26 @@ class Executor:
     def results_stored(self) -> int:
         """Results kept for idempotent retries since start (each keeps ~10 objects alive)."""
         return self._done.puts_total
+
+    def store_sizes(self) -> dict[str, tuple[int, int]]:
+        """(entries, estimated bytes) of the idempotency store and the result cache."""
+        sizes = {"idempotency": (len(self._done), self._done.bytes)}
+        if self._cache is not None:
+            sizes["cache"] = (len(self._cache), self._cache.bytes)
+        return sizes
+
+    def tool_gauges(self) -> dict[str, dict[str, float]]:
+        """What tools with a ``gauges()`` method report about themselves, by tool name."""
+        figures: dict[str, dict[str, float]] = {}
+        for entry in self.registry.entries.values():
+            gauges = getattr(entry.instance, "gauges", None)
+            if gauges is None:
+                continue
+            try:
+                figures[entry.name] = dict(gauges())
+            except Exception:  # a tool's report must not break /metrics
+                log.exception("gauges() of tool %s failed", entry.name)
+        return figures
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -140,7 +183,7 @@ class Executor:
                 await asyncio.sleep(0.05)
 
     # ----------------------------------------------------------------- entry points
-    async def run_batch(self, calls: Sequence[Call], allowed: set[str] | None = None) -> list[Result]:
+    async def run_batch(self, calls: Sequence[Call], caller: Caller = ANONYMOUS) -> list[Result]:
         """Run many calls concurrently; one result per call, in order."""
         if self.admitted + len(calls) > self.capacity:
             raise Overloaded(
@@ -150,7 +193,7 @@ class Executor:
         results: list[Any] = [None] * len(calls)
         pending: list[int] = []
         for i, call in enumerate(calls):
-            outcome = self._start(call, allowed)
+            outcome = self._start(call, caller)
             results[i] = outcome
             if not isinstance(outcome, Result):
                 pending.append(i)
@@ -158,19 +201,19 @@ class Executor:
             results[i] = await results[i]
         return results
 
-    async def run_one(self, call: Call, allowed: set[str] | None = None) -> Result:
+    async def run_one(self, call: Call, caller: Caller = ANONYMOUS) -> Result:
         if self.admitted >= self.capacity:
             return Result.failure(call.call_id, ErrorKind.OVERLOADED, "server busy: queue full; retry later")
-        outcome = self._start(call, allowed)
+        outcome = self._start(call, caller)
         return outcome if isinstance(outcome, Result) else await outcome
 
-    async def run_inner(self, call: Call, allowed: set[str] | None) -> Result:
+    async def run_inner(self, call: Call, caller: Caller) -> Result:
         """An agent tool's inner call: same checks, but no global slot (avoids self-deadlock)."""
-        outcome = self._start(call, allowed, inner=True)
+        outcome = self._start(call, caller, inner=True)
         return outcome if isinstance(outcome, Result) else await outcome
 
     async def verify_batch(
-        self, requests: Sequence[VerifyRequest], allowed: set[str] | None = None
+        self, requests: Sequence[VerifyRequest], caller: Caller = ANONYMOUS
     ) -> list[VerifyResult]:
         calls = []
         for request in requests:
@@ -185,37 +228,37 @@ class Executor:
             calls.append(
                 Call(request.request_id or new_call_id(), VERIFIER_PREFIX + request.verifier, arguments)
             )
-        results = await self.run_batch(calls, allowed)
+        results = await self.run_batch(calls, caller)
         return [to_verify_result(r, q.request_id) for r, q in zip(results, requests, strict=True)]
 
     # ----------------------------------------------------------------- internals
-    def _start(
-        self, call: Call, allowed: set[str] | None, inner: bool = False
-    ) -> Result | asyncio.Future[Result]:
+    def _start(self, call: Call, caller: Caller, inner: bool = False) -> Result | asyncio.Future[Result]:
         """Answer from storage, reject, or start the call: a Result now, or a future of one."""
         call_id = call.call_id
-        done = self._done.get(call_id)
-        if done is not None:
-            self.metrics.replays.inc()
-            if done[0] != call.name:
-                return Result.failure(
-                    call_id,
-                    ErrorKind.BAD_REQUEST,
-                    f"call_id {call_id!r} was already used for tool {done[0]!r}",
-                )
-            return done[1]
-        running = self._inflight.get(call_id)
-        if running is not None:
-            return asyncio.shield(running)
+        # Permission first: what a token may not call, it may not replay or join either.
         entry = self.registry.entries.get(call.name)
         if entry is None:
             return Result.failure(
-                call_id, ErrorKind.UNKNOWN_TOOL, self._unknown_tool_message(call.name, allowed)
+                call_id, ErrorKind.UNKNOWN_TOOL, self._unknown_tool_message(call.name, caller.allowed)
             )
-        if allowed is not None and entry.name not in allowed:
+        if caller.allowed is not None and entry.name not in caller.allowed:
             return Result.failure(
                 call_id, ErrorKind.UNAUTHORIZED, f"your token is not allowed to call tool {call.name!r}"
             )
+        canonical = _canonical(call.arguments)
+        fingerprint = (call.name, call.session, hash(canonical))
+        key = (caller.tenant, call_id)
+        done = self._done.get(key)
+        if done is not None:
+            if done[0] != fingerprint:
+                return _reused(call_id)
+            self.metrics.replays.inc()
+            return done[1]
+        running = self._inflight.get(key)
+        if running is not None:
+            if running[0] != fingerprint:
+                return _reused(call_id)
+            return asyncio.shield(running[1])
         try:
             kwargs = entry.validate(call.arguments)
         except pydantic.ValidationError as exc:
@@ -230,130 +273,114 @@ class Executor:
             )
         cache_key = None
         if self._cache is not None and entry.meta.cacheable:
-            cache_key = (
-                entry.name,
-                entry.meta.version,
-                orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS),
-            )
+            cache_key = (entry.name, entry.meta.version, canonical)
             hit = self._cache.get(cache_key)
             if hit is not None:
                 self.metrics.cache_hits.inc()
                 return dataclasses.replace(hit, call_id=call_id, cached=True, elapsed_ms=0.0)
+        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner)
         if entry.inline:
-            return self._run_inline(call, entry, kwargs, cache_key)
+            return self._run_inline(ticket, kwargs)
         if not inner:
             self.admitted += 1
-        task = asyncio.get_running_loop().create_task(
-            self._execute(call, entry, kwargs, cache_key, inner, time.perf_counter())
-        )
-        self._inflight[call_id] = task
+        task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs, time.perf_counter()))
+        self._inflight[key] = (fingerprint, task)
         return task
 
-    def _run_inline(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any) -> Result:
+    def _run_inline(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
         """A bounded, non-blocking sync tool: run it right here, no task, thread or timer.
 
-        Nothing is in flight and no slot was taken, so only the result is recorded; it is
-        final (no timeout or cancellation can happen here), so it is always stored.
+        Nothing is in flight and no slot was taken, so only the result is recorded (and
+        kept for retries when it is final, as on the task path).
         """
+        call = ticket.call
         start = time.perf_counter()
         try:
-            result = self._to_result(call.call_id, self._call_sync(call, entry, kwargs))
+            result = self._to_result(call.call_id, self._call_sync(ticket, kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
         except Exception as exc:
             result = Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
-        self._record(call, entry, result, time.perf_counter() - start, cache_key, store=True)
+        self._record(ticket, result, time.perf_counter() - start, store=_storable(result))
         return result
 
-    def _call_sync(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Any:
-        if entry.request_param is not None:
-            kwargs = {entry.request_param: kwargs.pop("__request__")}
-        if entry.context_param is not None:
-            session = self.sessions.get_or_create(call.session) if call.session else None
-            kwargs[entry.context_param] = CallContext(self, call.call_id, session, None)
-        return entry.func(**kwargs)
+    def _call_sync(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Any:
+        kwargs, _ = self._prepare(ticket, kwargs, None)
+        return ticket.entry.func(**kwargs)
 
-    def _unknown_tool_message(self, name: str, allowed: set[str] | None) -> str:
+    def _prepare(
+        self, ticket: _Ticket, kwargs: dict[str, Any], fallback: SessionState | None
+    ) -> tuple[dict[str, Any], SessionState | None]:
+        """The tool's keyword arguments and its session, built the same way on every path.
+
+        The session is the call's (or, for a verifier, the request's), opened for the
+        caller's tenant: another tenant's or a released id raises ``unknown_session``.
+        """
+        call, entry = ticket.call, ticket.entry
+        request: VerifyRequest | None = kwargs.pop("__request__", None) if entry.request_param else None
+        session_id = call.session or (request.session if request is not None else None)
+        session = self.sessions.open(ticket.caller.tenant, session_id) if session_id else fallback
+        if request is not None:
+            kwargs = {entry.request_param: request}
+        if entry.context_param is not None:
+            kwargs[entry.context_param] = CallContext(self, call.call_id, session, ticket.caller)
+        return kwargs, session
+
+    def _unknown_tool_message(self, name: str, allowed: frozenset[str] | None) -> str:
         names = [n for n in self.registry.entries if allowed is None or n in allowed]
         close = [n for n in names if n.lower().startswith(name.lower()[:3])][:5] or sorted(names)[:10]
         return f"no tool named {name!r}; available tools include: {', '.join(sorted(close))}"
 
-    async def _execute(
-        self, call: Call, entry: ToolEntry, kwargs: dict[str, Any], cache_key: Any, inner: bool, start: float
-    ) -> Result:
+    async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
+        call = ticket.call
         try:
-            if inner:
-                result = await self._limited(call, entry, kwargs)
+            if ticket.inner:
+                result = await self._limited(ticket, kwargs)
             else:
                 async with self._slots:
                     self.running += 1
                     try:
-                        result = await self._limited(call, entry, kwargs)
+                        result = await self._limited(ticket, kwargs)
                     finally:
                         self.running -= 1
         except asyncio.CancelledError:
-            self._finish(call, entry, _cancelled(call), start, None, inner, store=False)
+            self._finish(ticket, _cancelled(call), start, store=False)
             raise
-        # Transient failures (timeout, overload) are not stored: a retry should run again.
-        store = result.error is None or result.error.kind in (
-            ErrorKind.TOOL_ERROR,
-            ErrorKind.INVALID_ARGUMENTS,
-        )
-        self._finish(call, entry, result, start, cache_key, inner, store)
+        self._finish(ticket, result, start, _storable(result))
         return result
 
-    def _finish(
-        self,
-        call: Call,
-        entry: ToolEntry,
-        result: Result,
-        start: float,
-        cache_key: Any,
-        inner: bool,
-        store: bool,
-    ) -> None:
-        self._inflight.pop(call.call_id, None)
-        if not inner:
+    def _finish(self, ticket: _Ticket, result: Result, start: float, store: bool) -> None:
+        self._inflight.pop(ticket.key, None)
+        if not ticket.inner:
             self.admitted -= 1
-        self._record(call, entry, result, time.perf_counter() - start, cache_key, store)
+        self._record(ticket, result, time.perf_counter() - start, store)
 
-    def _record(
-        self, call: Call, entry: ToolEntry, result: Result, elapsed: float, cache_key: Any, store: bool
-    ) -> None:
+    def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
         """Time the result, keep it (idempotency store, result cache) and count it."""
         result.elapsed_ms = elapsed * 1000.0
         if store:
-            self._done.put(call.call_id, (call.name, result))
-        if cache_key is not None and not result.is_error:
-            self._cache.put(cache_key, result)  # type: ignore[union-attr]
-        self.metrics.tool_stats.for_tool(entry.name).record(
+            self._done.put(ticket.key, (ticket.fingerprint, result), _approx_bytes(result))
+        if ticket.cache_key is not None and not result.is_error:
+            self._cache.put(ticket.cache_key, result, _approx_bytes(result))  # type: ignore[union-attr]
+        self.metrics.tool_stats.for_tool(ticket.entry.name).record(
             "ok" if result.error is None else result.error.kind.value, elapsed
         )
 
-    async def _limited(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Result:
-        tool_slots = self._tool_slots.get(entry.name)
+    async def _limited(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        tool_slots = self._tool_slots.get(ticket.entry.name)
         if tool_slots is None:
-            return await self._invoke(call, entry, kwargs)
+            return await self._invoke(ticket, kwargs)
         async with tool_slots:
-            return await self._invoke(call, entry, kwargs)
+            return await self._invoke(ticket, kwargs)
 
-    async def _invoke(self, call: Call, entry: ToolEntry, kwargs: dict[str, Any]) -> Result:
+    async def _invoke(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        call, entry = ticket.call, ticket.entry
+        ephemeral = SessionState(new_call_id()) if entry.meta.stateful and call.session is None else None
         session: SessionState | None = None
-        ephemeral = False
         try:
-            if call.session is not None:
-                session = self.sessions.get_or_create(call.session)
-            elif entry.meta.stateful:
-                session, ephemeral = SessionState(new_call_id()), True
+            kwargs, session = self._prepare(ticket, kwargs, ephemeral)
             if entry.upstream is not None:
                 return await entry.func(call, entry.meta.timeout_s)
-            if entry.request_param is not None:
-                request: VerifyRequest = kwargs.pop("__request__")
-                if request.session is not None and session is None:
-                    session = self.sessions.get_or_create(request.session)
-                kwargs = {entry.request_param: request}
-            if entry.context_param is not None:
-                kwargs[entry.context_param] = CallContext(self, call.call_id, session, None)
             timeout = min(entry.meta.timeout_s, self.max_timeout_s)
             try:
                 async with asyncio.timeout(timeout) as deadline:
@@ -378,8 +405,8 @@ class Executor:
             log.debug("tool %s failed", entry.name, exc_info=True)
             return Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
         finally:
-            if ephemeral and session is not None:
-                await session.close()
+            if ephemeral is not None and session is ephemeral:
+                await ephemeral.close()
 
     # ----------------------------------------------------------------- output shaping
     def _to_result(self, call_id: str, output: Any) -> Result:
@@ -436,6 +463,53 @@ class Executor:
         if block.get("type") == "text" and len(block.get("text", "")) > self.max_output_chars:
             return {**block, "text": self._cap(block["text"])}
         return block
+
+
+@dataclass(slots=True)
+class _Ticket:
+    """One admitted call and what its result will be kept under."""
+
+    call: Call
+    entry: ToolEntry
+    caller: Caller
+    key: tuple[str, str]  # (tenant, call_id) in the idempotency store
+    fingerprint: Fingerprint
+    cache_key: Any
+    inner: bool
+
+
+def _canonical(arguments: dict[str, Any]) -> bytes:
+    """Arguments as canonical JSON (sorted keys): the cache key and the call fingerprint."""
+    try:
+        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # only an agent tool's inner call can carry non-JSON values
+        return repr(sorted(arguments.items(), key=lambda kv: kv[0])).encode()
+
+
+def _storable(result: Result) -> bool:
+    """Final outcomes are kept for retries; transient ones (timeout, overload) run again."""
+    return result.error is None or result.error.kind in (ErrorKind.TOOL_ERROR, ErrorKind.INVALID_ARGUMENTS)
+
+
+def _approx_bytes(result: Result) -> int:
+    """What a kept result costs in memory, roughly: its text plus the records around it.
+
+    Structured output is held twice (the objects and their JSON text), each about as
+    large as the text, so it counts double. Cheap on purpose: it runs once per call.
+    """
+    text = 0
+    for block in result.content:
+        text += len(block.get("text") or block.get("data") or "")
+    return 600 + (2 * text if result.structured is not None else text)
+
+
+def _reused(call_id: str) -> Result:
+    return Result.failure(
+        call_id,
+        ErrorKind.BAD_REQUEST,
+        f"call_id {call_id!r} was already used for a different call (another tool, arguments or "
+        "session); a retry must repeat the call exactly, a new call needs a new call_id",
+    )
 
 
 def _timed_out(call: Call, entry: ToolEntry, timeout: float) -> Result:

@@ -15,10 +15,20 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from protocol import ErrorKind, ProtocolError, decode_calls, decode_verify_requests, encode, new_session_id
+from protocol import (
+    ErrorKind,
+    ProtocolError,
+    ToolError,
+    decode_calls,
+    decode_verify_requests,
+    encode,
+    new_session_id,
+)
 from protocol.messages import MAX_ID_LENGTH
-from tool_server.executor import Executor, Overloaded
+from tool_server.auth import ANONYMOUS_TENANT
+from tool_server.executor import Caller, Executor, Overloaded
 from tool_server.openapi import openapi_spec
+from tool_server.registry import Registry
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -55,8 +65,21 @@ class _PlainAsgi:
         await response(scope, receive, send)
 
 
+def caller_of(scope: Scope, registry: Registry) -> Caller:
+    """The caller of a request, from what AuthMiddleware put in ``scope["state"]``."""
+    state = scope.get("state") or {}
+    toolsets = state.get("toolsets")
+    allowed = None
+    if toolsets is not None:
+        allowed = frozenset(name for ts in toolsets for name in registry.names_in(ts))
+    return Caller(state.get("tenant", ANONYMOUS_TENANT), allowed)
+
+
+_SESSION_STATUS = {ErrorKind.OVERLOADED: 429, ErrorKind.BAD_REQUEST: 409}
+
+
 class HttpApi:
-    """Route handlers bound to one executor; ``allowed_tools`` maps a token's toolsets to names."""
+    """Route handlers bound to one executor; ``caller`` tells who sends a request."""
 
     def __init__(self, executor: Executor, *, default_toolset: str | None, retry_after_s: int) -> None:
         self.executor = executor
@@ -67,11 +90,8 @@ class HttpApi:
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
 
-    def allowed_tools(self, scope: Scope) -> set[str] | None:
-        toolsets = scope.get("state", {}).get("toolsets")
-        if toolsets is None:
-            return None
-        return {name for ts in toolsets for name in self.registry.names_in(ts)}
+    def caller(self, scope: Scope) -> Caller:
+        return caller_of(scope, self.registry)
 
     def routes(self) -> list[Route]:
         """The HTTP API's routes, ``/v1/calls`` (the hot one) first."""
@@ -80,7 +100,8 @@ class HttpApi:
             Route("/v1/verify", self.verify, methods=["POST"]),
             Route("/v1/tools", self.tools, methods=["GET"]),
             Route("/v1/sessions", self.create_session, methods=["POST"]),
-            Route("/v1/sessions/{session_id}", self.release_session, methods=["DELETE"]),
+            # :path, so that an id with '/' or '..' in it reaches the handler (404), not a redirect.
+            Route("/v1/sessions/{session_id:path}", self.release_session, methods=["DELETE"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/readyz", self.readyz, methods=["GET"]),
             Route("/metrics", self.metrics, methods=["GET"]),
@@ -99,7 +120,7 @@ class HttpApi:
         self.executor.metrics.batches.labels("calls").inc()
         self.executor.metrics.batch_size.observe(len(calls))
         try:
-            results = await self.executor.run_batch(calls, self.allowed_tools(scope))
+            results = await self.executor.run_batch(calls, self.caller(scope))
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
@@ -118,7 +139,7 @@ class HttpApi:
             )
         self.executor.metrics.batches.labels("verify").inc()
         try:
-            results = await self.executor.verify_batch(requests, self.allowed_tools(request.scope))
+            results = await self.executor.verify_batch(requests, self.caller(request.scope))
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
@@ -133,7 +154,7 @@ class HttpApi:
             return error_response(
                 404, ErrorKind.BAD_REQUEST, f"no toolset named {toolset!r}; known toolsets: {known}"
             )
-        allowed = self.allowed_tools(request.scope)
+        allowed = self.caller(request.scope).allowed
         tools = [d for d in self.registry.descriptors(toolset) if allowed is None or d["name"] in allowed]
         return json_response({"tools": tools, "toolset": toolset})
 
@@ -145,25 +166,38 @@ class HttpApi:
                 data = orjson.loads(body)
             except orjson.JSONDecodeError as exc:
                 return error_response(400, ErrorKind.BAD_REQUEST, f"body is not valid JSON: {exc}")
-            session_id = data.get("session") if isinstance(data, dict) else None
+            if not isinstance(data, dict):
+                return error_response(
+                    400, ErrorKind.BAD_REQUEST, 'body must be an object: {} or {"session": "<id>"}'
+                )
+            session_id = data.get("session")
             if session_id is not None and (
                 not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LENGTH
             ):
-                return error_response(400, ErrorKind.BAD_REQUEST, "session must be a non-empty string")
+                return error_response(
+                    400,
+                    ErrorKind.BAD_REQUEST,
+                    f"session must be a non-empty string of at most {MAX_ID_LENGTH} characters",
+                )
+        sessions = self.executor.sessions
         try:
-            state = self.executor.sessions.create(session_id or new_session_id())
-        except Exception as exc:  # ToolError(OVERLOADED) when the session table is full
-            return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
-        self.executor.metrics.sessions.set(len(self.executor.sessions))
-        return json_response({"session": state.id, "ttl_s": self.executor.sessions.ttl_s}, 201)
+            state = sessions.create(self.caller(request.scope).tenant, session_id or new_session_id())
+        except ToolError as exc:  # the table is full (429) or the id is taken (409)
+            headers = {"Retry-After": self.retry_after} if exc.kind == ErrorKind.OVERLOADED else None
+            return error_response(_SESSION_STATUS.get(exc.kind, 400), exc.kind, exc.message, headers)
+        self.executor.metrics.sessions.set(len(sessions))
+        return json_response({"session": state.id, "ttl_s": sessions.ttl_s}, 201)
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        released = await self.executor.sessions.release(session_id)
+        tenant = self.caller(request.scope).tenant
+        released = await self.executor.sessions.release(tenant, session_id)
         self.executor.metrics.sessions.set(len(self.executor.sessions))
         if not released:
             return error_response(
-                404, ErrorKind.UNKNOWN_SESSION, f"no open session {session_id!r} (expired or released)"
+                404,
+                ErrorKind.UNKNOWN_SESSION,
+                f"no open session {session_id[:MAX_ID_LENGTH]!r} (expired, released, or not yours)",
             )
         return json_response({"released": session_id})
 
@@ -195,6 +229,12 @@ class HttpApi:
         m.in_flight.set(self.executor.running)
         m.queue_depth.set(max(0, self.executor.admitted - self.executor.running))
         m.sessions.set(len(self.executor.sessions))
+        for store, (entries, size) in self.executor.store_sizes().items():
+            m.store_entries.labels(store).set(entries)
+            m.store_bytes.labels(store).set(size)
+        for tool, figures in self.executor.tool_gauges().items():
+            for name, value in figures.items():
+                m.tool_gauges.labels(tool, name).set(value)
         for check in self.readiness_checks:
             check()  # refreshes upstream gauges
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -15,16 +15,19 @@ from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
+import orjson
 from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import TypeAdapter
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol import META_KEY, Call, ErrorKind, Result
+from protocol.messages import MAX_ID_LENGTH
 from tool_server.auth import is_loopback
 from tool_server.config import Config
-from tool_server.executor import Executor
+from tool_server.executor import ANONYMOUS, Caller, Executor
+from tool_server.http_api import caller_of
 
 MCP_REQUESTS_PER_COLLECT = 256
 # More results stored since the last collection than this: skip it (see _CollectingEvery).
@@ -123,6 +126,68 @@ class _CollectingEvery:
                 self.long_lived_mark = now
 
 
+class _JsonRpcIdCheck:
+    """Refuse a JSON-RPC request whose ``id`` is neither a string nor an integer.
+
+    On the older protocol versions the SDK takes such a message for a notification and
+    answers 202 with no reply, so the client waits for an answer that never comes. The
+    body is read here (MCP bodies are small; the body limit applies) and handed on.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        if _has_bad_id(body):
+            payload = orjson.dumps(
+                {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {
+                        "code": -32600,
+                        "message": "Invalid Request: id must be a string or an integer",
+                    },
+                }
+            )
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 400,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": payload})
+            return
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _has_bad_id(body: bytes) -> bool:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False  # the SDK answers a parse error itself
+    for item in data if isinstance(data, list) else [data]:
+        if isinstance(item, dict) and "method" in item and "id" in item:
+            request_id = item["id"]
+            if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+                return True
+    return False
+
+
 class McpEndpoint:
     def __init__(self, executor: Executor, config: Config, bind_host: str) -> None:
         self.executor = executor
@@ -149,7 +214,7 @@ class McpEndpoint:
             max_request_body_size=config.limits.max_request_bytes,
         )
         self.asgi = _CollectingEvery(
-            StreamableHTTPASGIApp(self.session_manager),
+            _JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)),
             MCP_REQUESTS_PER_COLLECT,
             long_lived=lambda: executor.results_stored,
             max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
@@ -164,21 +229,19 @@ class McpEndpoint:
         entry = self.registry.entries.get(name)
         return entry.input_schema if entry is not None else None
 
-    def _scope(self, ctx: Any) -> tuple[str | None, set[str] | None]:
-        """The toolset named in the URL, and the tool names the caller's token allows."""
+    def _scope(self, ctx: Any) -> tuple[str | None, Caller]:
+        """The toolset named in the URL, and who calls (tenant, tools the token allows)."""
         request = getattr(ctx, "request", None)
         toolset = self.default_toolset
-        allowed = None
+        caller = ANONYMOUS
         if request is not None:
             toolset = request.path_params.get("toolset", toolset)
-            token_toolsets = request.scope.get("state", {}).get("toolsets")
-            if token_toolsets is not None:
-                allowed = {n for ts in token_toolsets for n in self.registry.names_in(ts)}
+            caller = caller_of(request.scope, self.registry)
         if toolset is not None and toolset not in self.registry.toolsets:
             toolset = None if toolset == self.default_toolset else toolset
-        return toolset, allowed
+        return toolset, caller
 
-    def _visible(self, toolset: str | None, allowed: set[str] | None) -> list[str]:
+    def _visible(self, toolset: str | None, allowed: frozenset[str] | None) -> list[str]:
         names = (
             self.registry.names_in(toolset) if toolset in self.registry.toolsets or toolset is None else []
         )
@@ -187,7 +250,8 @@ class McpEndpoint:
     async def _list_tools(
         self, ctx: Any, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        toolset, allowed = self._scope(ctx)
+        toolset, caller = self._scope(ctx)
+        allowed = caller.allowed
         key = (toolset, self.registry.version)
         tools = self._tool_cache.get(key) if allowed is None else None
         if tools is None:
@@ -199,7 +263,7 @@ class McpEndpoint:
                 self._tool_cache[key] = tools
         return types.ListToolsResult(tools=tools)
 
-    def _visible_set(self, toolset: str | None, allowed: set[str] | None) -> set[str]:
+    def _visible_set(self, toolset: str | None, allowed: frozenset[str] | None) -> set[str]:
         if allowed is not None:
             return set(self._visible(toolset, allowed))
         key = (toolset, self.registry.version)
@@ -209,17 +273,15 @@ class McpEndpoint:
         return names
 
     async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        toolset, allowed = self._scope(ctx)
-        visible = self._visible_set(toolset, allowed)
+        toolset, caller = self._scope(ctx)
+        visible = self._visible_set(toolset, caller.allowed)
         meta = params.meta or {}
-        call_id = meta.get(CALL_ID_META_KEY) if isinstance(meta.get(CALL_ID_META_KEY), str) else None
+        call_id = meta.get(CALL_ID_META_KEY)
         session = meta.get(SESSION_META_KEY)
-        if session is not None and (not isinstance(session, str) or not session or len(session) > 256):
-            return _to_call_tool_result(
-                Result.failure(
-                    call_id or "", ErrorKind.BAD_REQUEST, f"_meta[{SESSION_META_KEY!r}] must be a string"
-                )
-            )
+        for key, value in ((CALL_ID_META_KEY, call_id), (SESSION_META_KEY, session)):
+            if value is not None and not _is_id(value):
+                message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+                return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
         call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
         if params.name in self.registry and params.name not in visible:
             result = Result.failure(
@@ -228,5 +290,9 @@ class McpEndpoint:
                 f"tool {params.name!r} is not in this endpoint's toolset",
             )
         else:
-            result = await self.executor.run_one(call, allowed)
+            result = await self.executor.run_one(call, caller)
         return _to_call_tool_result(result)
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH

@@ -88,6 +88,24 @@ class Metrics:
         self.upstream_up = Gauge(
             "toolfactory_upstream_up", "Upstream MCP server healthy (1) or not", ["server"], registry=r
         )
+        self.store_entries = Gauge(
+            "toolfactory_store_entries",
+            "Results held (idempotency store, result cache)",
+            ["store"],
+            registry=r,
+        )
+        self.store_bytes = Gauge(
+            "toolfactory_store_bytes",
+            "Estimated memory of the results held (bounded by idempotency/cache max_bytes)",
+            ["store"],
+            registry=r,
+        )
+        self.tool_gauges = Gauge(
+            "toolfactory_tool_gauge",
+            "Figures a tool reports about itself (e.g. its sandbox fleet)",
+            ["tool", "name"],
+            registry=r,
+        )
         self.upstream_restarts = Gauge(
             "toolfactory_upstream_restarts", "Restarts of an upstream MCP server", ["server"], registry=r
         )

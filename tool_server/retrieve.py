@@ -48,7 +48,7 @@ class RetrieveEndpoint:
             return json_response({"result": []})
         call = Call(new_call_id(), self.tool, {"query": queries, "topk": topk})
         try:
-            (result,) = await self.executor.run_batch([call], self.api.allowed_tools(request.scope))
+            (result,) = await self.executor.run_batch([call], self.api.caller(request.scope))
         except Overloaded as exc:
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.api.retry_after})
         if result.is_error:

@@ -1,4 +1,15 @@
-"""Per-trajectory sessions: created on first use, closed on release or after an idle TTL."""
+"""Per-trajectory sessions: owned by a tenant, created on first use, closed on release or expiry.
+
+The guarantees, in the order a caller meets them:
+
+* a session belongs to the tenant (bearer token) whose call or ``POST /v1/sessions``
+  created it; to every other tenant its id is unknown (``unknown_session``), for calls
+  and for ``DELETE`` alike, so no tenant can read, use or close another's state;
+* a released or expired id stays dead: a late call with it gets ``unknown_session``
+  instead of silently starting a fresh, empty world (ids are remembered for
+  ``closed_ttl_s``);
+* at most ``max_sessions`` are open; beyond it, new ones are refused as ``overloaded``.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +18,10 @@ import logging
 import time
 
 from protocol import ErrorKind, SessionState, ToolError, new_session_id
+from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
+CLOSED_TTL_S = 24 * 3600.0  # how long a released id is remembered as released
 
 
 class SessionStore:
@@ -16,8 +29,10 @@ class SessionStore:
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
         self._sessions: dict[str, SessionState] = {}
+        self._owners: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
-        self._closed: set[str] = set()  # released ids: a late call must not resurrect them
+        # Released ids -> owner: a late call must not resurrect them.
+        self._closed: TTLStore[str, str] = TTLStore(4 * max_sessions, CLOSED_TTL_S)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -25,41 +40,64 @@ class SessionStore:
     def __contains__(self, session_id: str) -> bool:
         return session_id in self._sessions
 
-    def create(self, session_id: str | None = None) -> SessionState:
+    def open(self, tenant: str, session_id: str) -> SessionState:
+        """The tenant's session of that id, created on first use. Raises ToolError otherwise."""
+        state = self._sessions.get(session_id)
+        if state is not None and self._owners[session_id] == tenant:
+            self._last_used[session_id] = time.monotonic()
+            return state
+        if state is None and self._closed.get(session_id) is None:
+            return self._add(tenant, session_id)
+        raise ToolError(
+            f"no open session {session_id!r}: it was released or expired (its state is gone), "
+            "or it belongs to another token; start the trajectory with a new session id",
+            ErrorKind.UNKNOWN_SESSION,
+        )
+
+    def create(self, tenant: str, session_id: str | None = None) -> SessionState:
+        """Explicit creation (``POST /v1/sessions``); idempotent for the owner.
+
+        The owner may reopen an id it released; an id another tenant holds is refused.
+        """
         session_id = session_id or new_session_id()
-        if session_id in self._sessions:
-            return self.touch(session_id)
+        state = self._sessions.get(session_id)
+        if state is not None:
+            if self._owners[session_id] != tenant:
+                raise ToolError(
+                    f"session id {session_id!r} is taken; choose another, or omit it to get a fresh one",
+                    ErrorKind.BAD_REQUEST,
+                )
+            self._last_used[session_id] = time.monotonic()
+            return state
+        closed_by = self._closed.get(session_id)
+        if closed_by is not None and closed_by != tenant:
+            raise ToolError(
+                f"session id {session_id!r} is taken; choose another, or omit it to get a fresh one",
+                ErrorKind.BAD_REQUEST,
+            )
+        return self._add(tenant, session_id)
+
+    def _add(self, tenant: str, session_id: str) -> SessionState:
         if len(self._sessions) >= self.max_sessions:
             raise ToolError(
                 f"too many open sessions ({self.max_sessions}); release finished trajectories "
                 "with DELETE /v1/sessions/{id}",
                 ErrorKind.OVERLOADED,
             )
-        self._closed.discard(session_id)
         state = SessionState(session_id)
         self._sessions[session_id] = state
+        self._owners[session_id] = tenant
         self._last_used[session_id] = time.monotonic()
         return state
 
-    def touch(self, session_id: str) -> SessionState:
-        self._last_used[session_id] = time.monotonic()
-        return self._sessions[session_id]
-
-    def get_or_create(self, session_id: str) -> SessionState:
-        state = self._sessions.get(session_id)
-        if state is not None:
-            self._last_used[session_id] = time.monotonic()
-            return state
-        return self.create(session_id)
-
-    async def release(self, session_id: str) -> bool:
-        state = self._sessions.pop(session_id, None)
-        self._last_used.pop(session_id, None)
-        if state is None:
+    async def release(self, tenant: str | None, session_id: str) -> bool:
+        """Close a session; ``tenant=None`` (expiry, shutdown) closes whoever owns it."""
+        owner = self._owners.get(session_id)
+        if owner is None or (tenant is not None and owner != tenant):
             return False
-        self._closed.add(session_id)
-        if len(self._closed) > 4 * self.max_sessions:
-            self._closed.clear()
+        state = self._sessions.pop(session_id)
+        del self._owners[session_id], self._last_used[session_id]
+        self._closed.put(session_id, owner)
         await _close_quietly(state)
         return True
 
@@ -68,7 +106,7 @@ class SessionStore:
         deadline = time.monotonic() - self.ttl_s
         expired = [sid for sid, used in self._last_used.items() if used < deadline]
         for sid in expired:
-            await self.release(sid)
+            await self.release(None, sid)
         return len(expired)
 
     async def run_sweeper(self, interval_s: float) -> None:
@@ -80,7 +118,7 @@ class SessionStore:
 
     async def close_all(self) -> None:
         for sid in list(self._sessions):
-            await self.release(sid)
+            await self.release(None, sid)
 
 
 async def _close_quietly(state: SessionState) -> None:

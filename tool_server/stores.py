@@ -3,6 +3,11 @@
 With one TTL for every entry, put order is expiry order: a deque of puts tells which
 entries to drop first, in O(1) amortised time per put and without an ordered dict's
 per-entry links (the idempotency store takes one put per call on the hot path).
+
+A store is bounded three ways: age (``ttl_s``), count (``max_entries``) and size
+(``max_bytes``, the sum of the sizes given with each put). The oldest entries go first
+whichever bound is hit, so a burst of large results shortens how long results are kept
+instead of growing the process.
 """
 
 from __future__ import annotations
@@ -16,16 +21,18 @@ V = TypeVar("V")
 
 
 class TTLStore(Generic[K, V]):
-    """Values kept ``ttl_s`` seconds after their put; at most ``max_entries`` puts remembered."""
+    """Values kept ``ttl_s`` seconds after their put, within ``max_entries`` and ``max_bytes``."""
 
-    __slots__ = ("_items", "_puts", "max_entries", "ttl_s", "puts_total")
+    __slots__ = ("_items", "_puts", "max_entries", "max_bytes", "ttl_s", "puts_total", "bytes")
 
-    def __init__(self, max_entries: int, ttl_s: float) -> None:
-        self._items: dict[K, tuple[float, V]] = {}
+    def __init__(self, max_entries: int, ttl_s: float, max_bytes: int | None = None) -> None:
+        self._items: dict[K, tuple[float, V, int]] = {}  # key -> (expiry, value, size)
         self._puts: deque[tuple[float, K]] = deque()  # (expiry, key), oldest first
         self.max_entries = max_entries
+        self.max_bytes = max_bytes if max_bytes is not None else float("inf")
         self.ttl_s = ttl_s
         self.puts_total = 0  # puts ever made: how many values were kept, for GC decisions
+        self.bytes = 0  # sum of the sizes of the entries held now
 
     def __len__(self) -> int:
         return len(self._items)
@@ -36,24 +43,30 @@ class TTLStore(Generic[K, V]):
             return None
         if item[0] < time.monotonic():
             del self._items[key]
+            self.bytes -= item[2]
             return None
         return item[1]
 
-    def put(self, key: K, value: V) -> None:
+    def put(self, key: K, value: V, size: int = 0) -> None:
         now = time.monotonic()
         expiry = now + self.ttl_s
         items, puts = self._items, self._puts
-        items[key] = (expiry, value)
+        old = items.get(key)
+        if old is not None:
+            self.bytes -= old[2]
+        items[key] = (expiry, value, size)
+        self.bytes += size
         puts.append((expiry, key))
         self.puts_total += 1
-        if len(puts) > self.max_entries or puts[0][0] < now:
+        if len(puts) > self.max_entries or puts[0][0] < now or self.bytes > self.max_bytes:
             self._evict(now)
 
     def _evict(self, now: float) -> None:
-        """Drop puts from the front while there are too many or they have expired."""
+        """Drop puts from the front while there are too many, too large, or expired."""
         items, puts = self._items, self._puts
-        while puts and (len(puts) > self.max_entries or puts[0][0] < now):
+        while puts and (len(puts) > self.max_entries or puts[0][0] < now or self.bytes > self.max_bytes):
             expiry, key = puts.popleft()
             item = items.get(key)
             if item is not None and item[0] == expiry:  # not put again since: this is its entry
                 del items[key]
+                self.bytes -= item[2]

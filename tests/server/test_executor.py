@@ -133,8 +133,10 @@ async def test_sessions_hold_state_and_close_on_release_and_expiry():
     other = await executor.run_one(Call(new_call_id(), "notebook", {"put": "z"}, session="s2"))
     assert r2.structured["items"] == ["a", "b"] and r1.structured["session"] == "s1"
     assert other.structured["items"] == ["z"]  # sessions are isolated
-    assert await executor.sessions.release("s1")
+    assert await executor.sessions.release("anonymous", "s1")
     assert "s1" in EVENTS["closed"]
+    late = await executor.run_one(Call(new_call_id(), "notebook", {"put": "c"}, session="s1"))
+    assert late.error.kind == "unknown_session"  # a released session is never revived
     await asyncio.sleep(0.2)
     assert await executor.sessions.sweep() == 1  # s2 expired
     assert "s2" in EVENTS["closed"]

@@ -106,7 +106,7 @@ def test_non_loopback_bind_without_tokens_is_refused():
         env={"PATH": "/usr/bin:/bin", "TOOLFACTORY_TOKENS": ""},
     )
     assert proc.returncode == 2
-    assert "refusing to bind 0.0.0.0 without auth" in proc.stderr and "--insecure" in proc.stderr
+    assert "refusing to bind '0.0.0.0' (0.0.0.0) without auth" in proc.stderr and "--insecure" in proc.stderr
 
 
 def test_short_tokens_are_a_configuration_error(tmp_path):
