@@ -52,3 +52,16 @@ def test_expired_entries_are_dropped_by_later_puts(clock: list[float]) -> None:
     clock[0] += 2
     store.put(-1, -1)
     assert len(store) == 1  # memory does not wait for a get of each expired key
+
+
+def test_total_size_is_bounded_and_the_oldest_go_first(clock: list[float]) -> None:
+    store: TTLStore[int, str] = TTLStore(max_entries=1000, ttl_s=60, max_bytes=1000)
+    for i in range(10):
+        store.put(i, "x", size=300)
+        clock[0] += 1
+    assert store.bytes <= 1000 and len(store) == 3
+    assert [store.get(i) for i in (6, 7, 8, 9)] == [None, "x", "x", "x"]
+    store.put(7, "y", size=100)  # put again: its old size no longer counts
+    assert store.bytes == 700
+    clock[0] += 120
+    assert store.get(8) is None and store.bytes == 400  # expired entries give their size back
