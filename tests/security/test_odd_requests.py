@@ -11,7 +11,9 @@ import pytest
 from mcp import Client
 
 from protocol import decode_results
-from tests.support.server import running_server, server_config
+from tests.support.server import REPO, running_server, server_config
+from tool_server.app import build_registry
+from tool_server.config import load_config
 
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 
@@ -81,3 +83,11 @@ def test_create_session_refuses_a_body_that_is_not_an_object_with_a_string_id(se
 def test_release_of_an_odd_session_id_is_a_plain_404(server, path):
     response = httpx.delete(f"{server.url}/v1/sessions/{path}", follow_redirects=False)
     assert response.status_code == 404 and response.json()["error"]["kind"] == "unknown_session"
+
+
+@pytest.mark.parametrize("path", [None, REPO / "compose" / "config.yaml"])
+def test_shipped_configs_serve_no_test_tools(path):
+    # sleep (600 s), big_output (50 M characters), echo, count and fail are for tests only.
+    registry = build_registry(load_config(path, environ={}))
+    assert not {"echo", "echo_async", "sleep", "count", "fail", "big_output"} & set(registry.entries)
+    assert {"calculator", "search", "python"} <= set(registry.entries)
