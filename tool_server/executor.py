@@ -9,6 +9,8 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
 * a call_id seen before *from the same tenant* returns the stored result (or joins the
   running call) if the call is the same (tool, arguments, session); a different call
   under a used id is refused. Another tenant's call_id is just a new id;
+* calls of stateful tools within one session run one at a time, in the order they
+  arrive (batch order, then arrival order); different sessions run concurrently;
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;
 * per-call timeouts that cancel the coroutine (sync tools run in worker threads
   and are abandoned on timeout: put hard-to-stop work in a subprocess);
@@ -51,6 +53,7 @@ from tool_server.sessions import SessionStore
 from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
+INLINE_WARN_S = 0.05  # a non-blocking tool that takes longer than this is reported
 TRUNCATION_MARKER = "\n…[output truncated: {dropped} of {total} characters omitted]"
 
 
@@ -107,6 +110,8 @@ class Executor:
             config.idempotency.max_entries, config.idempotency.ttl_s, config.idempotency.max_bytes
         )
         self._inflight: dict[tuple[str, str], tuple[Fingerprint, asyncio.Future[Result]]] = {}
+        # (tenant, session) -> the end of its last stateful call: the next one waits for it.
+        self._session_tails: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._cache: TTLStore[tuple[Any, ...], Result] | None = (
             TTLStore(config.cache.max_entries, config.cache.ttl_s, config.cache.max_bytes)
             if config.cache.enabled
@@ -278,7 +283,11 @@ class Executor:
             if hit is not None:
                 self.metrics.cache_hits.inc()
                 return dataclasses.replace(hit, call_id=call_id, cached=True, elapsed_ms=0.0)
-        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner)
+        turn = None
+        if entry.meta.stateful and call.session is not None and not inner:
+            # Inner calls run inside their parent's turn: queueing them behind it would deadlock.
+            turn = self._take_turn((caller.tenant, call.session))
+        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn)
         if entry.inline:
             return self._run_inline(ticket, kwargs)
         if not inner:
@@ -287,26 +296,45 @@ class Executor:
         self._inflight[key] = (fingerprint, task)
         return task
 
-    def _run_inline(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
-        """A bounded, non-blocking sync tool: run it right here, no task, thread or timer.
+    def _take_turn(self, session_key: tuple[str, str]) -> _Turn:
+        """A place at the end of the session's queue of stateful calls."""
+        tails = self._session_tails
+        turn = _Turn(tails.get(session_key), asyncio.get_running_loop().create_future())
+        tails[session_key] = turn.finished
 
-        Nothing is in flight and no slot was taken, so only the result is recorded (and
-        kept for retries when it is final, as on the task path).
+        def forget(finished: asyncio.Future[None]) -> None:
+            if tails.get(session_key) is finished:  # nobody queued behind it
+                del tails[session_key]
+
+        turn.finished.add_done_callback(forget)
+        return turn
+
+    def _run_inline(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        """The final call site of a bounded, non-blocking sync tool, without a task or thread.
+
+        Same steps as the task path (``_prepare``, the tool, ``_to_result``, ``_record``);
+        only the slot, the timer and the in-flight entry are left out, because the call
+        finishes before anything else can run. A timeout cannot stop sync code on the event
+        loop, so a tool that overruns is reported: it should not be marked non-blocking.
         """
-        call = ticket.call
+        call, entry = ticket.call, ticket.entry
         start = time.perf_counter()
         try:
-            result = self._to_result(call.call_id, self._call_sync(ticket, kwargs))
+            kwargs, _ = self._prepare(ticket, kwargs, None)
+            result = self._to_result(call.call_id, entry.func(**kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
         except Exception as exc:
             result = Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
-        self._record(ticket, result, time.perf_counter() - start, store=_storable(result))
+        elapsed = time.perf_counter() - start
+        if elapsed > INLINE_WARN_S:
+            log.warning(
+                "tool %s is marked blocking=False but took %.0f ms on the event loop; mark it blocking",
+                entry.name,
+                elapsed * 1000,
+            )
+        self._record(ticket, result, elapsed, store=_storable(result))
         return result
-
-    def _call_sync(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Any:
-        kwargs, _ = self._prepare(ticket, kwargs, None)
-        return ticket.entry.func(**kwargs)
 
     def _prepare(
         self, ticket: _Ticket, kwargs: dict[str, Any], fallback: SessionState | None
@@ -334,6 +362,8 @@ class Executor:
     async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
         call = ticket.call
         try:
+            if ticket.turn is not None:
+                await ticket.turn.wait()  # before taking a slot: waiting must not hold one
             if ticket.inner:
                 result = await self._limited(ticket, kwargs)
             else:
@@ -346,6 +376,9 @@ class Executor:
         except asyncio.CancelledError:
             self._finish(ticket, _cancelled(call), start, store=False)
             raise
+        finally:
+            if ticket.turn is not None:
+                ticket.turn.end()
         self._finish(ticket, result, start, _storable(result))
         return result
 
@@ -476,6 +509,36 @@ class _Ticket:
     fingerprint: Fingerprint
     cache_key: Any
     inner: bool
+    turn: _Turn | None = None
+
+
+class _Turn:
+    """A stateful call's place in its session's queue: it runs once the call before it ended.
+
+    ``end`` passes the turn on. A call cancelled while still waiting passes it on only
+    when its own predecessor ends, so the order holds across cancellations.
+    """
+
+    __slots__ = ("previous", "finished")
+
+    def __init__(self, previous: asyncio.Future[None] | None, finished: asyncio.Future[None]) -> None:
+        self.previous = previous
+        self.finished = finished
+
+    async def wait(self) -> None:
+        if self.previous is not None and not self.previous.done():
+            await asyncio.shield(self.previous)
+
+    def end(self) -> None:
+        if self.previous is None or self.previous.done():
+            _resolve(self.finished)
+        else:
+            self.previous.add_done_callback(lambda _: _resolve(self.finished))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _canonical(arguments: dict[str, Any]) -> bytes:

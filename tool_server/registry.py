@@ -62,12 +62,20 @@ class ToolEntry:
     toolsets: set[str] = field(default_factory=set)
     instance: Any = None  # the object whose startup()/shutdown() the server calls
     upstream: Any = None  # an UpstreamServer, for tools proxied from another MCP server
-    # Run on the event loop without a task: sync, marked non-blocking, not proxied.
-    # Worked out once here: the executor asks on every call.
+    # Called right where the call is admitted, without a task, thread or timer: sync,
+    # marked non-blocking (bounded, microsecond-scale work), not proxied, and nothing that
+    # needs a task's bookkeeping (a session's turn, a per-tool limit). Worked out once here:
+    # the executor asks on every call.
     inline: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        self.inline = not self.is_async and not self.meta.blocking and self.upstream is None
+        self.inline = (
+            not self.is_async
+            and not self.meta.blocking
+            and self.upstream is None
+            and not self.meta.stateful
+            and not self.meta.max_concurrency
+        )
 
     @property
     def is_verifier(self) -> bool:

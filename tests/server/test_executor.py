@@ -70,11 +70,47 @@ def picky(x: int) -> str:
     raise ToolError("x is not acceptable", "invalid_arguments")
 
 
+@tool(name="peek", stateful=True, blocking=False)
+def peek(ctx: ToolContext) -> dict:
+    """A non-blocking sync stateful tool: what session does it get?"""
+    return {"has_session": ctx.session is not None}
+
+
+@tool(name="stateful_agent", stateful=True)
+async def stateful_agent(ctx: ToolContext) -> dict:
+    """Holds its session's turn while calling a stateful tool in the same session."""
+    inner = await ctx.call("notebook", {"put": "from-agent"})
+    return {"items": inner.structured["items"]}
+
+
+@tool(name="quick_limited", blocking=False, max_concurrency=1)
+def quick_limited() -> str:
+    return "ok"
+
+
+@tool(name="overrunning", blocking=False)
+def overrunning() -> str:
+    """Wrongly marked non-blocking: sleeps on the event loop."""
+    time.sleep(0.1)
+    return "late"
+
+
 def make_executor(**config) -> Executor:
     here = "tests.server.test_executor"
     tools = [
         {"target": f"{here}:{name}"}
-        for name in ("slow_async", "blocking_sync", "limited", "notebook", "agent", "picky")
+        for name in (
+            "slow_async",
+            "blocking_sync",
+            "limited",
+            "notebook",
+            "agent",
+            "picky",
+            "peek",
+            "stateful_agent",
+            "quick_limited",
+            "overrunning",
+        )
     ]
     cfg = config_from_dict({"tools": tools, **config}, environ={})
     return Executor(build_registry(cfg), cfg)
@@ -204,3 +240,33 @@ def test_default_server_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+async def test_one_call_path_stateful_tools_get_a_session_whatever_their_kind():
+    executor = make_executor()
+    await executor.start()
+    # A non-blocking sync stateful tool goes the same way as an async one: a per-call
+    # session when the call names none (it used to get None on the inline path).
+    lone = await executor.run_one(Call(new_call_id(), "peek", {}))
+    assert lone.structured == {"has_session": True}
+    assert not executor.registry.entries["peek"].inline
+    assert not executor.registry.entries["quick_limited"].inline  # a per-tool limit needs a task
+    assert executor.registry.entries["quick_limited"].meta.max_concurrency == 1
+
+
+async def test_a_stateful_tools_inner_call_in_its_own_session_does_not_wait_for_itself():
+    executor = make_executor()
+    await executor.start()
+    result = await asyncio.wait_for(
+        executor.run_one(Call(new_call_id(), "stateful_agent", {}, session="s-agent")), timeout=10
+    )
+    assert result.structured == {"items": ["from-agent"]}
+
+
+async def test_a_non_blocking_tool_that_overruns_is_reported(caplog):
+    executor = make_executor()
+    await executor.start()
+    with caplog.at_level("WARNING"):
+        result = await executor.run_one(Call(new_call_id(), "overrunning", {}))
+    assert result.text == "late"
+    assert "overrunning is marked blocking=False but took" in caplog.text
