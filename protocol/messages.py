@@ -207,8 +207,9 @@ def decode_results(body: bytes | str) -> list[Result]:
     return [result_from_dict(item) for item in _list_field(_load(body), "results")]
 
 
-def verify_request_from_dict(item: Any, index: int = 0) -> VerifyRequest:
-    where = f"requests[{index}]"
+def verify_request_from_dict(item: Any, index: int = 0, where: str | None = None) -> VerifyRequest:
+    """One verify request, checked field by field; errors name ``where`` (default ``requests[i]``)."""
+    where = where or f"requests[{index}]"
     if not isinstance(item, dict):
         raise ProtocolError(f"{where} must be an object, got {type(item).__name__}")
     name = item.get("verifier")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,9 +96,19 @@ def create_app(
         await executor.stop()
 
     async def on_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        # Only our own bugs land here: a tool's fault is a result, admission failures 429.
+        request_id = uuid.uuid4().hex[:12]
+        log.error(
+            "unhandled error on %s %s (request %s)",
+            request.method,
+            request.url.path,
+            request_id,
+            exc_info=exc,
+        )
         return error_response(
-            500, "internal", "internal server error (a bug in toolfactory; see the server log)"
+            500,
+            "internal",
+            f"internal server error (a bug in toolfactory); the server log has it under request {request_id}",
         )
 
     app = Starlette(

@@ -117,17 +117,18 @@ class AuthMiddleware:
             return
         token = self._match(scope)
         if token is None:
-            await _send_json(
-                send,
-                401,
-                {
-                    "error": {
-                        "kind": "unauthorized",
-                        "message": "missing or invalid bearer token (send 'Authorization: Bearer <token>')",
-                    }
-                },
-                [(b"www-authenticate", b'Bearer realm="toolfactory"')],
-            )
+            message = "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
+            if scope["path"] == "/mcp" or scope["path"].startswith("/mcp/"):
+                # MCP clients show a JSON-RPC error's message; any other body only as
+                # "Server returned an error response".
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": None,
+                    "error": {"code": -32001, "message": f"unauthorized: {message}"},
+                }
+            else:
+                body = {"error": {"kind": "unauthorized", "message": message}}
+            await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="toolfactory"')])
             return
         state = scope.setdefault("state", {})
         state["toolsets"] = token.toolsets

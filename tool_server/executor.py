@@ -190,6 +190,11 @@ class Executor:
     # ----------------------------------------------------------------- entry points
     async def run_batch(self, calls: Sequence[Call], caller: Caller = ANONYMOUS) -> list[Result]:
         """Run many calls concurrently; one result per call, in order."""
+        return await self._run_batch(calls, caller, None)
+
+    async def _run_batch(
+        self, calls: Sequence[Call], caller: Caller, prepared: Sequence[dict[str, Any]] | None
+    ) -> list[Result]:
         if self.admitted + len(calls) > self.capacity:
             raise Overloaded(
                 f"server busy: {self.admitted} calls admitted, capacity {self.capacity}; "
@@ -198,7 +203,7 @@ class Executor:
         results: list[Any] = [None] * len(calls)
         pending: list[int] = []
         for i, call in enumerate(calls):
-            outcome = self._start(call, caller)
+            outcome = self._start(call, caller, prepared=prepared[i] if prepared is not None else None)
             results[i] = outcome
             if not isinstance(outcome, Result):
                 pending.append(i)
@@ -220,31 +225,39 @@ class Executor:
     async def verify_batch(
         self, requests: Sequence[VerifyRequest], caller: Caller = ANONYMOUS
     ) -> list[VerifyResult]:
-        calls = []
+        calls, prepared = [], []
         for request in requests:
-            arguments = {
-                "response": request.response,
-                "messages": request.messages,
-                "ground_truth": request.ground_truth,
-                "arguments": request.arguments,
-                "session": request.session,
-                "response_start": request.response_start,
-            }
+            entry = self.registry.entries.get(VERIFIER_PREFIX + request.verifier)
+            # The arguments are only the call's fingerprint here: the decoded request goes to
+            # the verifier as it is (one typed path, no second validation).
+            arguments = {k: v for k, v in vars(request).items() if k != "verifier"}
             calls.append(
                 Call(request.request_id or new_call_id(), VERIFIER_PREFIX + request.verifier, arguments)
             )
-        results = await self.run_batch(calls, caller)
+            param = entry.request_param if entry is not None else None
+            prepared.append({param: request} if param else {})
+        results = await self._run_batch(calls, caller, prepared)
         return [to_verify_result(r, q.request_id) for r, q in zip(results, requests, strict=True)]
 
     # ----------------------------------------------------------------- internals
-    def _start(self, call: Call, caller: Caller, inner: bool = False) -> Result | asyncio.Future[Result]:
-        """Answer from storage, reject, or start the call: a Result now, or a future of one."""
+    def _start(
+        self, call: Call, caller: Caller, inner: bool = False, prepared: dict[str, Any] | None = None
+    ) -> Result | asyncio.Future[Result]:
+        """Answer from storage, reject, or start the call: a Result now, or a future of one.
+
+        ``prepared``: keyword arguments already decoded and checked (a verify request).
+        """
         call_id = call.call_id
         # Permission first: what a token may not call, it may not replay or join either.
         entry = self.registry.entries.get(call.name)
         if entry is None:
             return Result.failure(
-                call_id, ErrorKind.UNKNOWN_TOOL, self._unknown_tool_message(call.name, caller.allowed)
+                call_id,
+                ErrorKind.UNKNOWN_TOOL,
+                unknown_tool_message(
+                    call.name,
+                    [n for n in self.registry.entries if caller.allowed is None or n in caller.allowed],
+                ),
             )
         if caller.allowed is not None and entry.name not in caller.allowed:
             return Result.failure(
@@ -265,7 +278,7 @@ class Executor:
                 return _reused(call_id)
             return asyncio.shield(running[1])
         try:
-            kwargs = entry.validate(call.arguments)
+            kwargs = dict(prepared) if prepared else entry.validate(call.arguments)
         except pydantic.ValidationError as exc:
             return Result.failure(
                 call_id,
@@ -324,8 +337,8 @@ class Executor:
             result = self._to_result(call.call_id, entry.func(**kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
-        except Exception as exc:
-            result = Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # noqa: BLE001 (SystemExit from a tool must not stop the server)
+            result = _tool_failure(call, exc)
         elapsed = time.perf_counter() - start
         if elapsed > INLINE_WARN_S:
             log.warning(
@@ -345,19 +358,12 @@ class Executor:
         caller's tenant: another tenant's or a released id raises ``unknown_session``.
         """
         call, entry = ticket.call, ticket.entry
-        request: VerifyRequest | None = kwargs.pop("__request__", None) if entry.request_param else None
+        request: VerifyRequest | None = kwargs[entry.request_param] if entry.request_param else None
         session_id = call.session or (request.session if request is not None else None)
         session = self.sessions.open(ticket.caller.tenant, session_id) if session_id else fallback
-        if request is not None:
-            kwargs = {entry.request_param: request}
         if entry.context_param is not None:
             kwargs[entry.context_param] = CallContext(self, call.call_id, session, ticket.caller)
         return kwargs, session
-
-    def _unknown_tool_message(self, name: str, allowed: frozenset[str] | None) -> str:
-        names = [n for n in self.registry.entries if allowed is None or n in allowed]
-        close = [n for n in names if n.lower().startswith(name.lower()[:3])][:5] or sorted(names)[:10]
-        return f"no tool named {name!r}; available tools include: {', '.join(sorted(close))}"
 
     async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
         call = ticket.call
@@ -421,7 +427,7 @@ class Executor:
                         output = await entry.func(**kwargs)
                     else:
                         output = await anyio.to_thread.run_sync(
-                            functools.partial(entry.func, **kwargs),
+                            functools.partial(_in_thread, entry.func, kwargs),
                             limiter=self._threads,
                             abandon_on_cancel=True,
                         )
@@ -434,9 +440,9 @@ class Executor:
             return Result.failure(call.call_id, exc.kind, exc.message)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # a tool's bug is a result, never a crash of the batch
+        except BaseException as exc:  # noqa: BLE001 (a tool's fault, even SystemExit, is a result)
             log.debug("tool %s failed", entry.name, exc_info=True)
-            return Result.failure(call.call_id, ErrorKind.TOOL_ERROR, f"{type(exc).__name__}: {exc}")
+            return _tool_failure(call, exc)
         finally:
             if ephemeral is not None and session is ephemeral:
                 await ephemeral.close()
@@ -547,6 +553,46 @@ def _canonical(arguments: dict[str, Any]) -> bytes:
         return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # only an agent tool's inner call can carry non-JSON values
         return repr(sorted(arguments.items(), key=lambda kv: kv[0])).encode()
+
+
+def unknown_tool_message(name: str, names: Iterable[str]) -> str:
+    """Say that ``name`` is unknown and hint at the tools the caller can see."""
+    names = sorted(names)
+    close = [n for n in names if n.lower().startswith(name.lower()[:3])][:5] or names[:10]
+    return f"no tool named {name!r}; available tools include: {', '.join(close) or 'none'}"
+
+
+class _EscapedFromThread(Exception):
+    """A BaseException (SystemExit, GeneratorExit, ...) a tool raised in a worker thread.
+
+    Handed back to the event loop as it is, it would be thrown into the task's coroutine
+    stack, where GeneratorExit closes every frame it passes (skipping their except
+    clauses) and SystemExit stops the loop. Wrapped, it is an ordinary tool failure.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(original)
+        self.original = original
+
+
+def _in_thread(func: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        return func(**kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise _EscapedFromThread(exc) from None
+
+
+def _tool_failure(call: Call, exc: BaseException) -> Result:
+    """A tool's exception as a ``tool_error`` result, whatever the exception does when printed."""
+    if isinstance(exc, _EscapedFromThread):
+        exc = exc.original
+    try:
+        message = f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ fails is still the tool's fault
+        message = type(exc).__name__
+    return Result.failure(call.call_id, ErrorKind.TOOL_ERROR, message)
 
 
 def _storable(result: Result) -> bool:

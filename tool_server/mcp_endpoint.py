@@ -26,7 +26,7 @@ from protocol import META_KEY, Call, ErrorKind, Result
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.auth import is_loopback
 from tool_server.config import Config
-from tool_server.executor import ANONYMOUS, Caller, Executor
+from tool_server.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
 from tool_server.http_api import caller_of
 
 MCP_REQUESTS_PER_COLLECT = 256
@@ -126,6 +126,35 @@ class _CollectingEvery:
                 self.long_lived_mark = now
 
 
+class _KnownToolsetOnly:
+    """``/mcp/{toolset}`` for a toolset that does not exist: 404 naming the known ones.
+
+    The same answer as ``GET /v1/tools?toolset=...``, so a typo (``/mcp/verifier``) is
+    not an endpoint with no tools.
+    """
+
+    def __init__(self, app: ASGIApp, registry: Any) -> None:
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        toolset = scope.get("path_params", {}).get("toolset")
+        if toolset is None or toolset in self.registry.toolsets:
+            await self.app(scope, receive, send)
+            return
+        known = ", ".join(sorted(self.registry.toolsets)) or "none"
+        message = f"no toolset named {toolset!r}; known toolsets: {known} (or /mcp for the default one)"
+        await send_json_rpc_error(send, 404, -32601, message)
+
+
+async def send_json_rpc_error(send: Send, status: int, code: int, message: str) -> None:
+    """An HTTP error whose body MCP clients can show: a JSON-RPC error with no id."""
+    payload = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
 class _JsonRpcIdCheck:
     """Refuse a JSON-RPC request whose ``id`` is neither a string nor an integer.
 
@@ -149,24 +178,7 @@ class _JsonRpcIdCheck:
                 break
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if _has_bad_id(body):
-            payload = orjson.dumps(
-                {
-                    "jsonrpc": "2.0",
-                    "id": None,
-                    "error": {
-                        "code": -32600,
-                        "message": "Invalid Request: id must be a string or an integer",
-                    },
-                }
-            )
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 400,
-                    "headers": [(b"content-type", b"application/json")],
-                }
-            )
-            await send({"type": "http.response.body", "body": payload})
+            await send_json_rpc_error(send, 400, -32600, "Invalid Request: id must be a string or an integer")
             return
 
         async def replay() -> Message:
@@ -214,7 +226,7 @@ class McpEndpoint:
             max_request_body_size=config.limits.max_request_bytes,
         )
         self.asgi = _CollectingEvery(
-            _JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)),
+            _KnownToolsetOnly(_JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)), self.registry),
             MCP_REQUESTS_PER_COLLECT,
             long_lived=lambda: executor.results_stored,
             max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
@@ -283,11 +295,9 @@ class McpEndpoint:
                 message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
                 return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
         call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
-        if params.name in self.registry and params.name not in visible:
+        if params.name not in visible:  # hint only at what this endpoint serves
             result = Result.failure(
-                call.call_id,
-                ErrorKind.UNKNOWN_TOOL,
-                f"tool {params.name!r} is not in this endpoint's toolset",
+                call.call_id, ErrorKind.UNKNOWN_TOOL, unknown_tool_message(params.name, visible)
             )
         else:
             result = await self.executor.run_one(call, caller)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol import META_KEY, ToolMeta, VerifyRequest, get_tool_meta
+from protocol.messages import verify_request_from_dict
 from protocol.tool import with_overrides
 from tool_server.config import ConfigError, ToolSpec
 from tool_server.schema import Signature, derive_signature
@@ -22,18 +23,32 @@ from tool_server.schema import Signature, derive_signature
 VERIFIER_PREFIX = "verify_"
 VERIFIERS_TOOLSET = "verifiers"
 
-# JSON schema of a verifier's arguments on MCP (the VerifyRequest minus its name).
-VERIFY_INPUT_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "response": {"type": "string", "description": "The final model output to score."},
-        "messages": {"type": "array", "items": {"type": "object"}, "description": "The chat, if any."},
-        "ground_truth": {"description": "Reference answer(s) or task data (string, number, list, object)."},
-        "arguments": {"type": "object", "description": "Verifier options (weights, rubric, penalties)."},
-        "session": {"type": "string", "description": "Trajectory session id, for tool-verified rewards."},
-    },
-    "additionalProperties": False,
+_VERIFY_FIELD_NOTES = {
+    "response": "The final model output to score.",
+    "messages": "The chat, if any.",
+    "ground_truth": "Reference answer(s) or task data (string, number, list, object).",
+    "arguments": "Verifier options (weights, rubric, penalties).",
+    "session": "Trajectory session id, for tool-verified rewards.",
+    "request_id": "Echoed back in the result, to match results to requests.",
+    "response_start": "Index in messages of the first message the rollout produced.",
 }
+
+
+def _verify_input_schema() -> dict[str, Any]:
+    """A verifier's arguments on MCP: ``VerifyRequest`` minus its name, derived from the record."""
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(VerifyRequest).json_schema()
+    properties = schema["properties"]
+    del properties["verifier"]
+    for name, note in _VERIFY_FIELD_NOTES.items():
+        properties[name]["description"] = note
+    properties["response_start"]["minimum"] = 0
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+VERIFY_INPUT_SCHEMA: dict[str, Any] = _verify_input_schema()
+VERIFY_ARGUMENT_NAMES = frozenset(VERIFY_INPUT_SCHEMA["properties"])
 VERIFY_OUTPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -222,7 +237,7 @@ class Registry:
                 description=sig.description,
                 input_schema=VERIFY_INPUT_SCHEMA,
                 output_schema=VERIFY_OUTPUT_SCHEMA,
-                validate=_validate_verify_arguments(name),
+                validate=_validate_verify_arguments(name, sig.request_param),
                 func=func,
                 is_async=_is_async_callable(func),
                 context_param=sig.context_param,
@@ -284,35 +299,14 @@ def _check_object(arguments: dict[str, Any]) -> dict[str, Any]:
     return arguments
 
 
-def _validate_verify_arguments(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    from pydantic import BaseModel, ConfigDict, Field
-
-    class VerifyArguments(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        response: str | None = None
-        messages: list[dict[str, Any]] | None = None
-        ground_truth: Any = None
-        arguments: dict[str, Any] = {}
-        session: str | None = None
-        request_id: str | None = None
-        response_start: int = Field(0, ge=0, description="index of the first message of the rollout")
+def _validate_verify_arguments(name: str, request_param: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """MCP arguments -> the verifier's keyword arguments, decoded as /v1/verify decodes them."""
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        parsed = VerifyArguments.model_validate(arguments)
-        if parsed.response is None and parsed.messages is None:
-            raise ValueError('a verify request needs "response" (final text) or "messages"')
-        if parsed.response_start > len(parsed.messages or ()):
-            raise ValueError(f"response_start ({parsed.response_start}) is past the end of messages")
-        request = VerifyRequest(
-            verifier=name,
-            ground_truth=parsed.ground_truth,
-            response=parsed.response,
-            messages=parsed.messages,
-            session=parsed.session,
-            arguments=parsed.arguments,
-            request_id=parsed.request_id,
-            response_start=parsed.response_start,
-        )
-        return {"__request__": request}
+        unknown = set(arguments) - VERIFY_ARGUMENT_NAMES
+        if unknown:
+            raise ValueError(f"unknown argument(s) {sorted(unknown)}; known: {sorted(VERIFY_ARGUMENT_NAMES)}")
+        request = verify_request_from_dict({**arguments, "verifier": name}, where="arguments")
+        return {request_param: request}
 
     return validate

@@ -72,16 +72,28 @@ def test_session_id_travels_in_meta_and_call_id_is_idempotent(server, mode):
     assert released.status_code == 200
 
 
-def test_unknown_toolset_lists_nothing(server):
-    async def scenario():
-        async with Client(server.url + "/mcp/nonexistent", mode="2026-07-28") as client:
-            tools = (await client.list_tools()).tools
-            result = await client.call_tool("echo", {})
-            return tools, result
+def test_unknown_toolset_is_a_404_naming_the_known_ones(server):
+    # Like GET /v1/tools?toolset=...: a typo is not an endpoint with no tools.
+    response = httpx.post(
+        server.url + "/mcp/verifier",
+        json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+        headers={"Accept": "application/json, text/event-stream"},
+    )
+    assert response.status_code == 404
+    message = response.json()["error"]["message"]
+    assert "no toolset named 'verifier'" in message and "test" in message
+    listed = httpx.get(server.url + "/v1/tools", params={"toolset": "verifier"})
+    assert listed.status_code == 404 and "no toolset named 'verifier'" in listed.json()["error"]["message"]
 
-    tools, result = run(scenario())
-    assert tools == []
-    assert result.is_error
+
+def test_unknown_tool_hint_names_only_this_endpoints_tools(server):
+    async def scenario():
+        async with Client(server.url + "/mcp", mode="2026-07-28") as client:
+            return await client.call_tool("ech", {})
+
+    result = run(scenario())
+    assert result.is_error and result.meta["toolfactory"]["error_kind"] == "unknown_tool"
+    assert "calculator" in result.content[0].text and "echo" not in result.content[0].text
 
 
 def test_mcp_rejects_foreign_host_header(server):
