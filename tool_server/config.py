@@ -198,14 +198,48 @@ def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> None:
         node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge mappings; lists and scalars in ``override`` replace the base's."""
+# Lists of tool entries merge by entry (name, else target) instead of being replaced.
+MERGED_LISTS = ("tools", "verifiers")
+
+
+def _merge(
+    base: dict[str, Any], override: dict[str, Any], replace: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Deep-merge mappings; scalars and plain lists in ``override`` replace the base's.
+
+    ``tools`` and ``verifiers`` (at the top level) merge entry by entry: an entry whose
+    name (or target, when it has no name) is in the base updates that entry, any other is
+    added. A file lists them in ``replace: [tools]`` to replace the base's list instead.
+    """
     merged = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if (
+            key in MERGED_LISTS
+            and key not in replace
+            and isinstance(merged.get(key), list)
+            and isinstance(value, list)
+        ):
+            merged[key] = _merge_entries(merged[key], value)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
         else:
             merged[key] = value
+    return merged
+
+
+def _entry_key(entry: Any) -> Any:
+    return (entry.get("name") or entry.get("target")) if isinstance(entry, dict) else None
+
+
+def _merge_entries(base: list[Any], override: list[Any]) -> list[Any]:
+    merged = list(base)
+    positions = {_entry_key(e): i for i, e in enumerate(merged) if _entry_key(e) is not None}
+    for entry in override:
+        key = _entry_key(entry)
+        if key is not None and key in positions:
+            merged[positions[key]] = {**merged[positions[key]], **entry}
+        else:
+            merged.append(entry)
     return merged
 
 
@@ -221,10 +255,13 @@ def _read_yaml(source: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {source} must contain a mapping at the top level")
     parent = data.pop("extends", None)
+    replace = data.pop("replace", None) or []
+    if not isinstance(replace, list) or not set(replace) <= set(MERGED_LISTS):
+        raise ConfigError(f"{source}: replace must be a list of {list(MERGED_LISTS)}, got {replace!r}")
     if parent is None:
         return data
     parent_path = DEFAULT_CONFIG_PATH if parent == "builtin" else (source.parent / parent)
-    return _merge(_read_yaml(parent_path, (*seen, source.resolve())), data)
+    return _merge(_read_yaml(parent_path, (*seen, source.resolve())), data, frozenset(replace))
 
 
 def load_config(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Config:

@@ -16,7 +16,7 @@ import yaml
 
 from protocol import decode_results
 from tests.support.server import REPO, running_server, server_config
-from tool_server.config import load_config
+from tool_server.config import ConfigError, load_config
 
 
 def test_sigterm_lets_in_flight_calls_finish():
@@ -121,3 +121,36 @@ def test_gc_tuning_raises_the_young_threshold_and_zero_keeps_it():
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+
+
+def test_extends_adds_tools_and_replace_takes_only_the_files_list(tmp_path):
+    builtin = [t.target for t in load_config(None, environ={}).tools]
+    added = tmp_path / "added.yaml"
+    added.write_text(
+        "extends: builtin\n"
+        "tools:\n"
+        "  - target: tools.testing:echo\n"
+        "    toolsets: [mine]\n"
+        "  - target: tools.sql:SqlTool\n"
+        "    enabled: false\n"
+        "  - target: tools.calculator:calculator\n"
+        "    timeout_s: 3\n"
+    )
+    config = load_config(added, environ={})
+    targets = [t.target for t in config.tools]
+    assert targets == [*builtin, "tools.testing:echo"]  # added, in place
+    by_target = {t.target: t for t in config.tools}
+    assert by_target["tools.sql:SqlTool"].enabled is False  # dropped by the override
+    assert by_target["tools.calculator:calculator"].timeout_s == 3
+    assert by_target["tools.calculator:calculator"].toolsets == ["default", "math"]  # the rest kept
+
+    replaced = tmp_path / "replaced.yaml"
+    replaced.write_text("extends: builtin\nreplace: [tools]\ntools:\n  - target: tools.testing:echo\n")
+    config = load_config(replaced, environ={})
+    assert [t.target for t in config.tools] == ["tools.testing:echo"]
+    assert config.verifiers  # verifiers were not named in replace: still the built-in ones
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: builtin\nreplace: [limits]\n")
+    with pytest.raises(ConfigError, match="replace must be a list"):
+        load_config(bad, environ={})
