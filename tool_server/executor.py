@@ -53,7 +53,7 @@ from tool_server.sessions import SessionStore
 from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
-INLINE_WARN_S = 0.05  # a non-blocking tool that takes longer than this is reported
+INLINE_WARN_S = 0.2  # a non-blocking tool that takes longer than this is reported (once)
 TRUNCATION_MARKER = "\n…[output truncated: {dropped} of {total} characters omitted]"
 
 
@@ -110,6 +110,7 @@ class Executor:
             config.idempotency.max_entries, config.idempotency.ttl_s, config.idempotency.max_bytes
         )
         self._inflight: dict[tuple[str, str], tuple[Fingerprint, asyncio.Future[Result]]] = {}
+        self._overran: set[str] = set()  # non-blocking tools reported for overrunning
         # (tenant, session) -> the end of its last stateful call: the next one waits for it.
         self._session_tails: dict[tuple[str, str], asyncio.Future[None]] = {}
         self._cache: TTLStore[tuple[Any, ...], Result] | None = (
@@ -340,7 +341,8 @@ class Executor:
         except BaseException as exc:  # noqa: BLE001 (SystemExit from a tool must not stop the server)
             result = _tool_failure(call, exc)
         elapsed = time.perf_counter() - start
-        if elapsed > INLINE_WARN_S:
+        if elapsed > INLINE_WARN_S and entry.name not in self._overran:
+            self._overran.add(entry.name)  # once per tool: a GC pause can look like an overrun
             log.warning(
                 "tool %s is marked blocking=False but took %.0f ms on the event loop; mark it blocking",
                 entry.name,

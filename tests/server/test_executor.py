@@ -91,7 +91,7 @@ def quick_limited() -> str:
 @tool(name="overrunning", blocking=False)
 def overrunning() -> str:
     """Wrongly marked non-blocking: sleeps on the event loop."""
-    time.sleep(0.1)
+    time.sleep(0.3)
     return "late"
 
 
