@@ -11,6 +11,12 @@ expression, and the traceback of an exception (an error result it can learn from
 Sandbox violations never raise out of the tool: a timeout is ``ToolError(TIMEOUT)`` and a
 dead interpreter (memory, CPU limit, crash, ``os._exit``) is ``ToolError(TOOL_ERROR)``,
 each saying that the variables of earlier calls are gone.
+
+Fleet budget: at most ``max_workers`` interpreters and ``max_total_memory_mb`` of their
+memory across all sessions. Past it, idle sessions are evicted least recently used first
+(their next call says so, once, as a ``TOOL_ERROR``; the call after starts afresh) and a new
+session that finds every interpreter busy gets ``ToolError(OVERLOADED)``. :meth:`PythonTool.gauges`
+reports the fleet for /metrics.
 """
 
 from __future__ import annotations
@@ -21,7 +27,14 @@ from typing import Annotated, Any
 import anyio
 
 from protocol import ErrorKind, SessionState, ToolContext, ToolError, ToolOutput, tool
-from tools.sandbox import SandboxError, SandboxLimits, SandboxPool, SandboxResult, SandboxWorker
+from tools.sandbox import (
+    SandboxError,
+    SandboxLimits,
+    SandboxOverloaded,
+    SandboxPool,
+    SandboxResult,
+    SandboxWorker,
+)
 
 MAX_CODE_CHARS = 200_000
 _PARTIAL_OUTPUT_CHARS = 2000  # output shown next to a timeout or crash message
@@ -52,15 +65,21 @@ class PythonTool:
         max_processes: int = 16,
         preload: list[str] | None = None,
         hidden_paths: list[str] | None = None,
+        max_workers: int = 64,
+        max_total_memory_mb: int = 8192,
+        worker_cpu_s: int = 600,
     ) -> None:
         self.limits = SandboxLimits(
             timeout_s=timeout_s,
             cpu_s=cpu_s,
+            worker_cpu_s=worker_cpu_s,
             memory_mb=memory_mb,
             max_processes=max_processes,
             max_output_bytes=max_output_bytes,
         )
         self.pool_size = pool_size
+        self.max_workers = max_workers
+        self.max_total_memory_mb = max_total_memory_mb
         self._preload = tuple(preload or ())
         self._hide = tuple(hidden_paths) if hidden_paths is not None else None
         self._pool: SandboxPool | None = None
@@ -69,7 +88,14 @@ class PythonTool:
     async def startup(self) -> None:
         """Start the pool (one worker now, the rest warming up in the background)."""
         if self._pool is None:
-            self._pool = SandboxPool(self.pool_size, self.limits, preload=self._preload, hide=self._hide)
+            self._pool = SandboxPool(
+                self.pool_size,
+                self.limits,
+                preload=self._preload,
+                hide=self._hide,
+                max_workers=self.max_workers,
+                max_total_memory_mb=self.max_total_memory_mb,
+            )
         await self._pool.start()  # idempotent
 
     async def shutdown(self) -> None:
@@ -81,6 +107,14 @@ class PythonTool:
     def isolation(self) -> dict[str, str]:
         """What confinement the workers got (network, filesystem, user, processes)."""
         return self._pool.isolation if self._pool is not None else {}
+
+    def gauges(self) -> dict[str, float]:
+        """Fleet figures for /metrics: live, idle and busy interpreters, memory, evictions, refusals."""
+        if self._pool is not None:
+            return self._pool.gauges()
+        return SandboxPool(
+            0, max_workers=self.max_workers, max_total_memory_mb=self.max_total_memory_mb
+        ).gauges()
 
     async def __call__(
         self,
@@ -97,6 +131,8 @@ class PythonTool:
             )
         try:
             return await self._run(code, ctx.session if ctx is not None else None)
+        except SandboxOverloaded as exc:
+            raise ToolError(str(exc), ErrorKind.OVERLOADED) from None
         except SandboxError as exc:
             raise ToolError(str(exc), ErrorKind.UNAVAILABLE) from None
 
@@ -109,9 +145,11 @@ class PythonTool:
                 return self._render(await worker.run(code), stateful=False)
         slot = self._slot(session, pool)
         async with slot.lock:
-            if slot.worker is None or not slot.worker.alive:
-                if slot.worker is not None:
-                    await pool.release(slot.worker)
+            if slot.worker is not None and not slot.worker.alive:
+                lost, slot.worker = slot.worker, None
+                await pool.release(lost)
+                raise ToolError(_lost_between_calls(lost), ErrorKind.TOOL_ERROR)
+            if slot.worker is None:
                 slot.worker = await pool.acquire()
             result = await slot.worker.run(code)
             if result.worker_died:
@@ -164,3 +202,16 @@ class PythonTool:
         }
         text = "\n".join(parts) if parts else "(no output)"
         return ToolOutput([{"type": "text", "text": text}], structured, is_error=result.error is not None)
+
+
+def _lost_between_calls(worker: SandboxWorker) -> str:
+    """Why a session's interpreter is gone although its last call ended normally."""
+    why = (
+        f"was evicted: {worker.evicted}"
+        if worker.evicted
+        else "stopped between calls (it was killed from outside the session)"
+    )
+    return (
+        f"This session's Python interpreter {why}. Its variables, imports and files are gone; "
+        "the code was not run. Call again to run it in a fresh interpreter."
+    )

@@ -11,51 +11,116 @@ reads any untrusted code, then serves requests over its stdin/stdout pipes: each
 request's code is ``exec``-ed in one persistent namespace (exec happens only inside
 the confined child), the value of a trailing expression is returned like a REPL does.
 
-Confinement, in the order the bootstrap applies it:
+What is guaranteed, in the order the bootstrap applies it (the strong mode: the server runs
+as root, i.e. with CAP_SYS_ADMIN, CAP_SETUID/CAP_SETGID and CAP_KILL, on Linux >= 5.8 with
+seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actually got):
 
 * **network**: a new, empty network namespace (``unshare(CLONE_NEWNET)``; not even
-  loopback is up, so every connect fails with "Network is unreachable"). As non-root
-  it tries a user + network namespace instead. Where the kernel refuses both, an
-  audit hook blocks ``socket.connect/bind/sendto/sendmsg`` in the interpreter (a
-  weaker fallback: code that calls libc through ctypes is not stopped).
-* **filesystem** (needs root or CAP_SYS_ADMIN): a private mount namespace with fresh,
-  size-capped tmpfs mounts on ``/tmp`` (the working directory), ``/var/tmp`` and
-  ``/dev/shm``. Hidden directories (``hide``; default ``/root``, ``/home`` and the
-  server's working directory) and directories other users cannot enter on the way to
-  the interpreter (``/root`` when Python lives in ``/root/.pyenv``) are covered by an
-  empty tmpfs that shows only the interpreter's own tree (its prefix, venv and
-  ``sys.path``), even when that tree lies under ``/tmp``.
-  *Allowed*: reading world-readable system files (the standard library needs them) and
-  anything under its own ``/tmp``. *Denied*: root-only files (``/etc/shadow``), the
-  host's ``/tmp`` (other sandboxes, the server's files), hidden directories, and writing
-  anywhere but its own tmpfs. Without a mount namespace the working directory is a
-  private host directory (mode 0700 inside a 0711 parent) and the host ``/tmp`` stays
-  visible (weaker). ``/proc`` is a fresh mount with ``hidepid=invisible``: once the
-  worker has dropped to its own uid it lists only that uid's processes, not the server's
-  or other sandboxes' (there is no PID namespace: pids are still the host's numbers).
+  loopback is up, so every connect fails with "Network is unreachable"). AF_VSOCK, which
+  no network namespace confines, is refused by the seccomp filter. As non-root it tries a
+  user + network namespace instead. Where the kernel refuses both, an audit hook blocks
+  ``socket.connect/bind/sendto/sendmsg`` in the interpreter (a weaker fallback: code that
+  calls libc through ctypes is not stopped).
+* **filesystem, deny by default**: a private mount namespace whose root is a fresh tmpfs
+  (``pivot_root``; the host's tree is detached) holding only: read-only binds of ``/usr``,
+  ``/bin``, ``/sbin``, ``/lib*``, ``/etc/ld.so.cache``, ``/etc/ld.so.conf*``,
+  ``/etc/localtime``, ``/etc/alternatives``, and of the interpreter's own tree (its
+  prefixes, executable and the ``sys.path`` entries; an entry inside a ``hide`` directory
+  is left out unless it lies in a prefix); a synthetic ``/etc/passwd`` and ``/etc/group``
+  (root and the sandbox user); ``/dev/{null,zero,full,random,urandom}`` and ``/dev/fd``;
+  a fresh ``/proc`` with ``hidepid=invisible`` (once the worker has dropped to its own
+  uid it lists only that uid's processes, not the server's or other sandboxes'); and
+  private, size-capped tmpfs mounts (mode 0700, owned by the worker's uid) on ``/tmp``
+  (``tmpfs_mb``, the working directory), ``/var/tmp`` and ``/dev/shm`` (4 MB each).
+  Nothing else exists inside: no ``/home``, ``/root``, ``/opt``, ``/srv``, ``/run``,
+  ``/mnt``, ``/sys``, no config or tokens file, no project checkout (a venv inside the
+  checkout is shown, its siblings are not), no other sandbox's files. The root and every
+  bind are read-only, so the three tmpfs mounts are the only writable places; they die
+  with the worker and cap what it can store. ``hide`` paths that a shown tree holds (say,
+  under ``/usr/local``) are covered too. Where ``pivot_root`` is refused the bootstrap
+  ``chroot``-s into the same tree (reported in ``isolation['root']``): the worker then
+  has no capability to leave it, and the filter refuses ``chroot`` and mounts.
+  *Weaker fallback* without a mount namespace (not root, or the kernel refuses): the
+  working directory is a private host directory (mode 0700 inside a 0711 parent), and
+  every world-readable host file, the host's ``/tmp`` and other world-writable host
+  directories stay reachable.
 * **identity**: as root, each worker drops to its own unprivileged uid/gid (picked
   from ``UID_RANGE``), with ``no_new_privs``. A per-worker uid is what makes
   ``RLIMIT_NPROC`` bind (it counts processes per real uid, and root ignores it), and
-  it stops one sandbox from signalling or reading another. Killing a worker kills
-  every process of its uid, so children that escaped the process group die too. When
-  the server is not root the worker keeps the server's uid; RLIMIT_NPROC then counts
-  all of that user's processes, which in practice means the sandbox cannot fork. A root
-  server that can neither mount nor let another uid reach the interpreter refuses to
-  start workers (``SandboxError``) instead of running untrusted code as root.
-* **resources**: RLIMIT_AS (memory), RLIMIT_CPU (per call, as a soft limit raised
-  before each request; a lifetime hard limit), RLIMIT_NPROC, RLIMIT_FSIZE (also caps
-  captured output), RLIMIT_NOFILE, no core dumps; the wall-clock timeout is enforced
-  by the server, which kills the worker.
+  it stops one sandbox from signalling or reading another. When the server is not root
+  the worker keeps the server's uid; RLIMIT_NPROC then counts all of that user's
+  processes, which in practice means the sandbox cannot fork. A root server that can
+  neither mount nor let another uid reach the interpreter refuses to start workers
+  (``SandboxError``) instead of running untrusted code as root.
+* **nothing runs between calls**: when a call returns, the server stops the worker
+  (SIGSTOP, so threads it left running stop too; SIGCONT before the next request) and
+  SIGKILLs every other process of the sandbox: with a dedicated uid, every process of
+  that uid; without one, the worker's descendants (the worker is their subreaper, so
+  orphans stay in its tree, and the filter keeps it so). There is no PID namespace, but
+  since every earlier process was killed the same way, the processes left at the end of
+  a call were all created during it: only pids handed out since the call began (the last
+  pid in ``/proc/loadavg``) are looked at, and all of ``/proc`` when they may have gone
+  all the way round (forks counted by ``/proc/stat`` over half of ``pid_max``). Killing
+  or evicting a worker kills every process of its uid.
+* **resources**: RLIMIT_AS (memory, per process), RLIMIT_NPROC, RLIMIT_FSIZE (also caps
+  captured output), RLIMIT_NOFILE, no core dumps; the wall-clock timeout is enforced by
+  the server, which kills the worker. CPU is bounded three ways: per call (soft
+  RLIMIT_CPU raised before each request, inherited by children), per process (hard
+  RLIMIT_CPU = ``worker_cpu_s``), and over the worker's life: after each call the server
+  adds up the worker's CPU, that of the children it has reaped (utime, stime, cutime,
+  cstime from ``/proc/<pid>/stat``) and that of every process it killed, and kills the
+  worker once the total passes ``worker_cpu_s``. A single call uses at most
+  ``max_processes x timeout_s`` CPU whatever it does.
+* **seccomp** (the last step before untrusted code runs, x86_64 and aarch64): a classic
+  BPF filter, reported as ``isolation['seccomp']``. EPERM for: new namespaces
+  (``unshare``, ``setns``, ``clone`` with any CLONE_NEW* flag) and every mount call
+  (``mount``, ``umount2``, ``pivot_root``, ``chroot``, the fsopen/open_tree family) —
+  an unprivileged user namespace would give the code "root" over mounts and namespaced
+  kernel interfaces; reaching into other processes (``ptrace``, ``process_vm_*``,
+  ``pidfd_getfd``, ``kcmp``, ``process_madvise``); large kernel attack surface no Python
+  code needs (``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, keyrings);
+  host administration calls (modules, kexec, reboot, swap, clocks, ...: these need
+  capabilities the worker lacks anyway); ``socket(AF_VSOCK)``; unsetting its subreaper
+  flag. ``clone3`` fails with ENOSYS (its flags are in memory a filter cannot read; libc
+  falls back to ``clone``); a foreign syscall ABI (x32, i386) is refused or kills.
+* **control channel**: the code can write frames to its own worker's reply pipe. A
+  reply is trusted only as that call's displayed output (see ``_parse_reply``): its
+  shape and sizes are checked, stale frames are skipped by sequence number, a malformed
+  one kills only its own worker, and every decision (alive, CPU, memory, processes) is
+  taken from the kernel.
+* **fleet** (``SandboxPool``): at most ``max_workers`` live interpreters and
+  ``max_total_memory_mb`` of their memory (PSS of the worker plus what its tmpfs mounts
+  hold). A new lease past either limit evicts idle leased workers, least recently used
+  first, or fails with ``SandboxOverloaded`` when none is idle.
+
+Known gaps: pids are the host's numbers (no PID namespace). ``/usr`` is shown whole, so
+anything installed under it (a non-editable install of the server's own package in
+``/usr/local``, say) is readable. Memory is measured between calls (a call's children,
+each under RLIMIT_AS, are not counted) and may be up to a second old at admission.
+The lifetime CPU account misses children that exit on their own during a call while
+SIGCHLD is ignored (the kernel then drops their times; still bounded per call as above),
+and may count a process killed at the end of a call twice (once when killed, once when
+the worker reaps it), which only stops such a session sooner. The filter is a deny
+list, only for x86_64 and aarch64 (elsewhere ``isolation['seccomp']`` says
+"unavailable"); executable anonymous memory stays allowed, because ctypes callbacks
+(libffi closures) need it and native code reaches no syscall that ctypes does not
+already reach. There are no ptys (``/dev/pts``). Without a dedicated uid a worker that
+dies mid-call can leave orphans behind. ``run_python`` (one-shot) workers are outside
+any pool's fleet budget.
 
 Captured output goes to two memfds created by the server and passed to the worker as
 fds 1 and 2, so everything lands there (``print``, ``os.write(1, ...)``, C extensions,
 child processes) and stays readable after the worker dies. Only the first
 ``max_output_bytes`` of each are read back.
 
+Host side: per-worker directories live in one ``toolfactory-sandbox-*`` directory under
+the server's temp dir, removed with the last worker (closing the pool), at exit, and on
+SIGTERM where nothing else handles the signal.
+
 Deployment: the strong mode needs root with CAP_SYS_ADMIN in the server's container
-(docker: ``cap_add: [SYS_ADMIN]`` and a seccomp/AppArmor profile that allows ``unshare``
-and ``mount``); ``SandboxPool.isolation`` reports what each worker actually got. Run the
-server under an init (compose ``init: true``) so orphans of killed sandboxes are reaped.
+(docker: ``cap_add: [SYS_ADMIN]`` and a seccomp/AppArmor profile that allows ``unshare``,
+``mount``, ``pivot_root`` and installing seccomp filters). Run the server under an init
+(compose ``init: true``) so orphans of killed sandboxes are reaped.
 """
 
 from __future__ import annotations
@@ -135,9 +200,63 @@ import ast, builtins, ctypes, io, json, linecache, os, resource, signal, stat, s
 CONFIG = json.loads(sys.argv[1])
 CTL_IN, CTL_OUT = os.dup(0), os.dup(1)
 MAIN_PID = os.getpid()
+MACHINE = os.uname().machine
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
+PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 22, 36, 38
+AF_VSOCK = 40  # host <-> VM sockets: not confined by a network namespace
+
+# What the new root shows of the host besides the interpreter (all read-only).
+SYSTEM_PATHS = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
+)
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+# Syscalls the seccomp filter refuses (EPERM), by group; the reasons are in the module docstring.
+DENIED = (
+    # new namespaces, mounts, changing root: the filesystem and network confinement stay as set up
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "open_tree_attr",
+    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    # reaching into other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    # large kernel attack surface no Python code needs
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key",
+    # host administration (these need capabilities the worker lacks; refused outright anyway)
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+    "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "fanotify_init", "vhangup",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "open_by_handle_at", "iopl", "ioperm",
+    "uselib",
+)
+SYSCALLS = {  # machine: (AUDIT_ARCH, {name: number})
+    "x86_64": (0xC000003E, dict(
+        unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428,
+        open_tree_attr=467, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+        mount_setattr=442, ptrace=101, process_vm_readv=310, process_vm_writev=311, process_madvise=440,
+        pidfd_getfd=438, kcmp=312, bpf=321, perf_event_open=298, userfaultfd=323, io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, keyctl=250, add_key=248, request_key=249,
+        kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313, delete_module=176,
+        reboot=169, swapon=167, swapoff=168, acct=163, syslog=103, quotactl=179, quotactl_fd=443,
+        lookup_dcookie=212, fanotify_init=300, vhangup=153, settimeofday=164, clock_settime=227,
+        clock_adjtime=305, adjtimex=159, open_by_handle_at=304, iopl=172, ioperm=173, uselib=134,
+        clone=56, clone3=435, socket=41, prctl=157, seccomp=317,
+    )),
+    "aarch64": (0xC00000B7, dict(
+        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428,
+        open_tree_attr=467, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+        mount_setattr=442, ptrace=117, process_vm_readv=270, process_vm_writev=271, process_madvise=440,
+        pidfd_getfd=438, kcmp=272, bpf=280, perf_event_open=241, userfaultfd=282, io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, keyctl=219, add_key=217, request_key=218,
+        kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273, delete_module=106,
+        reboot=142, swapon=224, swapoff=225, acct=89, syslog=116, quotactl=60, quotactl_fd=443,
+        lookup_dcookie=18, fanotify_init=262, vhangup=58, settimeofday=170, clock_settime=112,
+        clock_adjtime=266, adjtimex=171, open_by_handle_at=265,
+        clone=220, clone3=435, socket=198, prctl=167, seccomp=277,
+    )),
+}
 
 
 def send(obj):
@@ -179,74 +298,184 @@ def blocked(path, hidden):
     return None
 
 
-def cover(mount, top, options, keep):
-    """Mount a fresh tmpfs on top; the entries named in keep are bind-mounted back from below."""
-    fds = {name: os.open(os.path.join(top, name), os.O_PATH) for name in keep}
-    mount(b"tmpfs", top.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
-    for name, fd in fds.items():
-        target = os.path.join(top, name)
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            os.mkdir(target)
+def within(path, tops):
+    return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
+
+
+def mounter(libc):
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+
+    def mount(src, target, fstype, flags, data=None):
+        src, fstype, data = (None if a is None else a.encode() for a in (src, fstype, data))
+        libc_call(libc, "mount " + target, libc.mount, src, target.encode(), fstype, flags, data)
+
+    return mount
+
+
+class Root:
+    """The new root under construction at top: host paths are shown at the same place inside it."""
+
+    def __init__(self, mount, top):
+        self.mount, self.top, self.covers = mount, top, []
+
+    def inner(self, path):
+        return self.top + path
+
+    def mkdirs(self, path):
+        if not os.path.lexists(self.inner(path)):
+            os.makedirs(self.inner(path), 0o755)
+
+    def tmpfs(self, path, options):
+        self.mkdirs(path)
+        self.mount("tmpfs", self.inner(path), "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+    def bind(self, path, flags=MS_RDONLY | MS_NOSUID | MS_NODEV):
+        """Bind one host file or directory (not what is mounted below it) at the same path."""
+        host, inner = os.stat(path), self.inner(path)
+        try:
+            seen = os.stat(inner)
+            if (seen.st_dev, seen.st_ino) == (host.st_dev, host.st_ino):
+                return  # already visible through a tree shown before
+        except FileNotFoundError:
+            pass
+        if stat.S_ISDIR(host.st_mode):
+            self.mkdirs(path)
+        elif not os.path.lexists(inner):
+            self.mkdirs(os.path.dirname(path))
+            os.close(os.open(inner, os.O_CREAT | os.O_WRONLY, 0o644))
+        self.mount(path, inner, None, MS_BIND)
+        self.mount(None, inner, None, MS_REMOUNT | MS_BIND | flags)  # a bind ignores flags: remount
+
+    def show(self, path, hops=0):
+        """Make a host path visible, read-only, with every symlink on the way to it (if it exists)."""
+        parts = [c for c in path.split("/") if c]
+        cur = "/"
+        for i, comp in enumerate(parts):
+            nxt = os.path.join(cur, comp)
+            try:
+                mode = os.lstat(nxt).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            if stat.S_ISLNK(mode):
+                if hops > 40:
+                    raise OSError(f"too many symlinks on the way to {path}")
+                target = os.readlink(nxt)
+                if not os.path.lexists(self.inner(nxt)):
+                    os.symlink(target, self.inner(nxt))
+                rest = "/".join(parts[i + 1:])
+                return self.show(os.path.normpath(os.path.join(cur, target, rest)), hops + 1)
+            if i < len(parts) - 1:
+                self.mkdirs(nxt)
+            cur = nxt
+        self.bind(cur)
+
+    def cover(self, path):
+        """Hide a path that a shown tree reveals: an empty tmpfs over a directory, /dev/null over a file."""
+        inner = self.inner(path)
+        if os.path.islink(inner) or not os.path.exists(inner):
+            return
+        if os.path.isdir(inner):
+            self.tmpfs(path, "size=16k,nr_inodes=64,mode=0755")
         else:
-            open(target, "w").close()
-        mount(f"/proc/self/fd/{fd}".encode(), target.encode(), None, MS_BIND | MS_REC, None)
-        os.close(fd)
+            self.mount("/dev/null", inner, None, MS_BIND)
+        self.covers.append(inner)
+
+    def write(self, path, text):
+        self.mkdirs(os.path.dirname(path))
+        with open(self.inner(path), "w") as fh:
+            fh.write(text)
+
+    def seal(self):
+        for inner in self.covers:
+            self.mount(None, inner, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def children_within(top, paths):
-    prefix = top.rstrip("/") + "/"
-    return {p[len(prefix):].split("/")[0] for p in paths if p.startswith(prefix)}
+def interpreter_paths(hidden):
+    """Its prefixes and executable, and the sys.path entries outside hidden dirs (or inside a prefix)."""
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix}
+    real_prefixes = [os.path.realpath(p) for p in prefixes]
+    paths = prefixes | {sys.executable}
+    for entry in sys.path:
+        if entry and os.path.exists(entry):
+            real = os.path.realpath(entry)
+            if within(real, real_prefixes) or not within(real, hidden):
+                paths.add(entry)
+    return sorted(paths)
 
 
-def expose(mount, needed, hidden):
-    """Cover hidden or closed directories with a tmpfs that shows only the needed entries."""
-    hidden = {h for h in hidden if h not in needed}
-    covered = set()
-    for _ in range(16):
-        groups = {}
-        for p in needed:
-            hit = blocked(p, hidden - covered)
-            if hit:
-                groups.setdefault(hit[0], set()).add(hit[1])
-        if not groups:
-            break
-        for top, children in groups.items():
-            cover(mount, top, b"size=64k,mode=0755", children)
-            covered.add(top)
-    else:
-        raise OSError("could not expose the interpreter's directories")
-    for path in sorted(hidden - covered):
-        if os.path.isdir(path) and not os.path.islink(path):
-            cover(mount, path, b"size=16k,mode=0755", ())
-            covered.add(path)
-    return sorted(covered)
+def mount_proc(root):
+    """A /proc of its own that lists only processes of its uid (hidepid needs Linux >= 5.8)."""
+    root.mkdirs("/proc")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    try:
+        root.mount("proc", root.inner("/proc"), "proc", flags, "hidepid=invisible")
+        return "own processes only (hidepid)"
+    except OSError as exc:
+        root.mount("proc", root.inner("/proc"), "proc", flags)
+        return f"host processes visible ({exc})"
+
+
+def build_root(mount, top, uid, report):
+    """A tmpfs at top laid out like /, holding only what Python needs: deny by default."""
+    mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    root = Root(mount, top)
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    for path, size in (("/tmp", CONFIG["tmpfs_mb"]), ("/var/tmp", 4), ("/dev/shm", 4)):
+        root.tmpfs(path, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
+    for name in DEVICES:
+        root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
+    for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
+        os.symlink("/proc/self/fd" + target, root.inner("/dev/" + name))
+    report["proc"] = mount_proc(root)
+    for path in SYSTEM_PATHS:
+        root.show(path)
+    hidden = [os.path.realpath(p) for p in CONFIG["hide"]]
+    for path in hidden:
+        root.cover(path)
+    for path in interpreter_paths(hidden):
+        root.show(path)
+    name = f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if uid is not None else ""
+    root.write("/etc/passwd", "root:x:0:0::/root:/usr/sbin/nologin\n" + name)
+    root.write("/etc/group", "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if uid is not None else ""))
+    root.seal()
+
+
+def enter_root(libc, mount, top):
+    """Make top the root: pivot_root and detach the host's tree (chroot where pivot_root is refused)."""
+    os.chdir(top)
+    try:
+        nr = SYSCALLS.get(MACHINE, (0, {}))[1].get("pivot_root")
+        if nr is None:
+            raise OSError(f"no pivot_root number for {MACHINE}")
+        libc_call(libc, "pivot_root", libc.syscall, ctypes.c_long(nr), b".", b".")
+        libc_call(libc, "umount old root", libc.umount2, b".", MNT_DETACH)
+        how = "pivot_root"
+    except OSError as exc:
+        os.chroot(".")  # the worker drops root and cannot chroot again, so this holds too
+        how = f"chroot ({exc})"
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return how
 
 
 def isolate_namespaces(libc, uid, report):
-    """New mount + network namespaces (root): private tmpfs /tmp, interpreter kept visible."""
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-
-    def mount(src, target, fstype, flags, data):
-        libc_call(libc, "mount " + target.decode(), libc.mount, src, target, fstype, flags, data)
-
+    """New mount + network namespaces (root): a fresh root that shows only what Python needs."""
+    mount = mounter(libc)
     libc_call(libc, "unshare(mount, net)", libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
     report["network"] = "network namespace (no interfaces up)"
-    mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None)
-    needed = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix, sys.executable}
-    needed |= {p for p in sys.path if p and os.path.exists(p)}
-    needed = {os.path.realpath(p) for p in needed}
-    report["hidden"] = ", ".join(expose(mount, needed, {os.path.realpath(p) for p in CONFIG["hide"]}))
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    for path, size in (("/tmp", CONFIG["tmpfs_mb"]), ("/var/tmp", 4), ("/dev/shm", 4)):
-        if os.path.isdir(path) and not os.path.islink(path):
-            opts = f"size={size}m,nr_inodes=4096,mode=0700{owner}".encode()
-            cover(mount, path, opts, children_within(path, needed))  # a venv under /tmp stays visible
-    report["filesystem"] = "mount namespace, private tmpfs /tmp"
-    try:  # a /proc of its own that lists only processes of its uid (Linux >= 5.8)
-        mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=invisible")
-        report["proc"] = "own processes only (hidepid)"
-    except OSError as exc:
-        report["proc"] = f"host processes visible ({exc})"
+    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    top = CONFIG["hostdir"]
+    try:
+        build_root(mount, top, uid, report)
+        report["root"] = enter_root(libc, mount, top)
+    except BaseException:
+        libc.umount2(top.encode(), MNT_DETACH)  # drop the half-built root; the weak mode follows
+        report.pop("proc", None)
+        raise
+    report["filesystem"] = (
+        "mount namespace, new root: system and interpreter files only (read-only); "
+        "private tmpfs /tmp, /var/tmp, /dev/shm"
+    )
     return "/tmp"
 
 
@@ -255,6 +484,51 @@ def drop_capabilities(libc):
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice (64-bit sets)
     libc_call(libc, "capset", libc.capset, header, data)
+
+
+def seccomp_program(arch, nrs):
+    """Classic BPF: wrong arch kills, denied syscalls fail with EPERM, everything else runs."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
+    code = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if MACHINE == "x86_64":
+        code += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 syscall numbers
+    for nr in sorted({nrs[name] for name in DENIED if name in nrs}):
+        code += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    code += [(jeq, 0, 1, nrs["clone3"]), (ret, 0, 0, enosys)]  # flags out of reach: libc falls back to clone
+    for name, test, value in (
+        ("clone", jset, CLONE_NEW_ANY),  # fork and threads yes, new namespaces no
+        ("socket", jeq, AF_VSOCK),
+        ("prctl", jeq, PR_SET_CHILD_SUBREAPER),  # orphans must keep coming back to the worker
+    ):
+        code += [(jeq, 0, 4, nrs[name]), (ld, 0, 0, 16), (test, 0, 1, value), (ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    code.append((ret, 0, 0, allow))
+    return code
+
+
+def install_seccomp(libc):
+    if MACHINE not in SYSCALLS:
+        return f"unavailable: no syscall table for {MACHINE}"
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    arch, nrs = SYSCALLS[MACHINE]
+    code = seccomp_program(arch, nrs)
+    prog = Program(len(code), (Filter * len(code))(*code))
+    long = ctypes.c_long
+    try:  # every thread (a preloaded module may have started some), else this one only
+        libc_call(libc, "seccomp", libc.syscall, long(nrs["seccomp"]), long(1), long(1), ctypes.byref(prog))
+    except OSError:
+        try:
+            libc_call(libc, "prctl(SECCOMP)", libc.prctl, long(PR_SET_SECCOMP), long(2), ctypes.byref(prog), long(0), long(0))
+        except OSError as exc:
+            return f"unavailable: {exc}"
+    return f"filter: {len(code)} instructions (no namespaces, mounts, ptrace, bpf, io_uring, keyrings, vsock)"
 
 
 def tasks_of_user(uid):
@@ -280,6 +554,7 @@ def confine():
     report = {}
     uid = CONFIG["uid"]
     libc = ctypes.CDLL(None, use_errno=True)
+    os.umask(0o022)
     workdir = CONFIG["hostdir"]
     mounted = False
     report["filesystem"] = "private host directory (weak: no mount namespace)"
@@ -330,6 +605,7 @@ def confine():
     else:
         report["user"] = f"uid {os.getuid()} (the server's own user)"
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back here, not to the host's init
     report["processes"] = f"RLIMIT_NPROC={nproc}" + ("" if uid is not None else " (shared with the server's user)")
     os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir)
     sys.path.insert(0, workdir)
@@ -338,6 +614,7 @@ def confine():
         __import__(name)
     memory = CONFIG["memory_mb"] * mb
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    report["seccomp"] = install_seccomp(libc)  # the last step: untrusted code runs next
     return report
 
 
@@ -379,7 +656,19 @@ def format_error(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
+def reap_children():
+    """Collect finished children: those the server killed after the last call, and orphans
+    (this process is their subreaper), so they stop counting against RLIMIT_NPROC."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
 def execute(request, namespace, number, out, err):
+    reap_children()
     code = request["code"]
     limit = request["max_output"]
     name = f"<cell {number}>"
@@ -435,10 +724,11 @@ def main():
         finally:
             if os.getpid() != MAIN_PID:
                 os._exit(0)  # a forked child never speaks on the control channel
+        reply["seq"] = request["seq"]  # lets the server skip a stale reply after a forged one
         try:
             send(reply)
         except MemoryError:
-            send({"value": None, "error": "MemoryError while sending the reply", "exit_code": 1, "truncated": True})
+            send({"value": None, "error": "MemoryError while sending the reply", "exit_code": 1, "truncated": True, "seq": request["seq"]})
 
 
 main()
@@ -471,20 +761,52 @@ class _UidAllocator:
 
 
 _UIDS = _UidAllocator(UID_RANGE)
-_ROOT_LOCK = threading.Lock()
-_ROOT: str | None = None
 _LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()
 
 
-def _sandbox_root() -> str:
-    """A per-process directory for fallback working directories (mode 0711: enter, not list)."""
-    global _ROOT
-    with _ROOT_LOCK:
-        if _ROOT is None or not os.path.isdir(_ROOT):
-            _ROOT = tempfile.mkdtemp(prefix="toolfactory-sandbox-")
-            os.chmod(_ROOT, 0o711)
-            atexit.register(shutil.rmtree, _ROOT, True)
-        return _ROOT
+class _HostDirs:
+    """Per-worker host directories in one per-process root (mode 0711: enter, not list).
+
+    The root is removed with the last worker directory (a closed pool leaves nothing in
+    /tmp), at exit, and on SIGTERM where nobody else handles it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._root: str | None = None
+        self._count = 0
+
+    def new(self) -> str:
+        with self._lock:
+            if self._root is None or not os.path.isdir(self._root):
+                self._root = tempfile.mkdtemp(prefix="toolfactory-sandbox-")
+                os.chmod(self._root, 0o711)
+            path = tempfile.mkdtemp(prefix="w-", dir=self._root)
+            self._count += 1
+            return path
+
+    def drop(self, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+        with self._lock:
+            self._count -= 1
+            if self._count <= 0:
+                self._remove_root()
+
+    def _remove_root(self) -> None:
+        root, self._root, self._count = self._root, None, 0
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+
+    @property
+    def root(self) -> str | None:
+        return self._root
+
+    def remove_all(self) -> None:
+        with self._lock:
+            self._remove_root()
+
+
+_HOSTDIRS = _HostDirs()
 
 
 @atexit.register
@@ -493,6 +815,21 @@ def _kill_all_workers() -> None:
         worker.kill()
         if worker.uid is not None:
             _kill_uid(worker.uid)
+    _HOSTDIRS.remove_all()
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    _kill_all_workers()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)  # die of SIGTERM as before, just without leftovers
+
+
+def _clean_up_on_sigterm() -> None:
+    """Where SIGTERM would kill the process outright (no handler), clean up first."""
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def default_hidden_paths() -> tuple[str, ...]:
@@ -504,21 +841,49 @@ def default_hidden_paths() -> tuple[str, ...]:
     return tuple(paths)
 
 
+# -- processes, from /proc -----------------------------------------------------------------
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _read_int(path: str, default: int) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return default
+
+
+_PID_MAX = _read_int("/proc/sys/kernel/pid_max", 1 << 22)
+
+
+def _status(pid: int) -> tuple[int, int] | None:
+    """(real uid, parent pid) of a process that can still run, None if gone or a mere zombie.
+
+    A zombie thread-group leader whose other threads still run counts as running; a thread
+    id (``/proc/<tid>`` exists, unlisted) is not a process.
+    """
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read()
+        if int(status.partition(b"\nTgid:")[2].split(None, 1)[0]) != pid:
+            return None
+        state = status.partition(b"\nState:")[2].split(None, 1)[0]
+        if state in (b"Z", b"X") and int(status.partition(b"\nThreads:")[2].split(None, 1)[0]) <= 1:
+            return None
+        uid = int(status.partition(b"\nUid:")[2].split(None, 1)[0])
+        return uid, int(status.partition(b"\nPPid:")[2].split(None, 1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _processes_of(uid: int) -> list[int]:
-    """Live (not zombie) processes whose real uid is ``uid``, from /proc."""
+    """Processes of real uid ``uid`` that can still run, from /proc."""
     pids = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status", "rb") as fh:
-                status = fh.read()
-        except OSError:
-            continue
-        state = status.partition(b"\nState:")[2].split(None, 1)[:1]
-        uids = status.partition(b"\nUid:")[2].split(None, 1)[:1]
-        if uids and int(uids[0]) == uid and state and state[0] not in (b"Z", b"X"):
-            pids.append(int(entry))
+        if entry.isdigit():
+            status = _status(int(entry))
+            if status is not None and status[0] == uid:
+                pids.append(int(entry))
     return pids
 
 
@@ -532,6 +897,62 @@ def _kill_uid(uid: int) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.002)
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of the children it has reaped (utime, stime, cutime, cstime)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rpartition(b")")[2].split()
+        return sum(int(f) for f in fields[11:15]) / _CLK_TCK
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+_Clock = tuple[int, int]
+
+
+def _pid_clock() -> _Clock:
+    """(last pid handed out in this PID namespace, processes forked host-wide since boot)."""
+    with open("/proc/loadavg", "rb") as fh:
+        last = int(fh.read().rsplit(None, 1)[1])
+    with open("/proc/stat", "rb") as fh:
+        forks = int(fh.read().partition(b"\nprocesses ")[2].split(None, 1)[0])
+    return last, forks
+
+
+def _new_pids(start: _Clock, end: _Clock) -> list[range] | None:
+    """The pids handed out between two clocks, or None when they may have gone all the way round.
+
+    There is no PID namespace: this window is where a sandbox's new processes must be.
+    """
+    (first, forks0), (last, forks1) = start, end
+    if forks1 - forks0 >= _PID_MAX // 2:  # pids in use are skipped: a lap may take fewer forks
+        return None
+    if last >= first:
+        return [range(first + 1, last + 1)]
+    return [range(first + 1, _PID_MAX), range(1, last + 1)]
+
+
+def _pids_in(window: list[range] | None) -> list[int]:
+    if window is not None and sum(map(len, window)) <= 256:
+        return [pid for r in window for pid in r]  # a few probes beat listing /proc
+    pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    return pids if window is None else [p for p in pids if any(p in r for r in window)]
+
+
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size (shared pages split among their users); RSS where PSS is unavailable."""
+    for path, key in ((f"/proc/{pid}/smaps_rollup", b"Pss:"), (f"/proc/{pid}/status", b"VmRSS:")):
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        value = data.partition(key)[2].split(None, 1)[:1]
+        if value:
+            return int(value[0]) * 1024
+    return 0
 
 
 def _describe_exit(returncode: int, cpu_s: int) -> str:
@@ -573,8 +994,43 @@ def _read_frame_blocking(fd: int, timeout_s: float) -> dict[str, Any] | None:
     return json.loads(bytes(buf[_FRAME_HEADER:]))
 
 
+def _parse_reply(body: bytes, cap: int) -> dict[str, Any] | None:
+    """A reply frame checked for shape, or None when it is not one the bootstrap could send.
+
+    Nothing in a reply is trusted beyond display: the code that ran can write frames to its
+    own control pipe, so a reply only ever becomes that call's shown output (value, error,
+    exit status, truncation flag; strings cut to ``cap``). Whether the worker is alive, what
+    it costs and which processes it has come from the kernel (waitpid, /proc, signals), and
+    ``seq`` only tells a stale frame from the current one.
+    """
+    try:
+        reply = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(reply, dict):
+        return None
+    seq, code = reply.get("seq"), reply.get("exit_code", 0)
+    value, error = reply.get("value"), reply.get("error")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (seq, code)):
+        return None
+    if not all(x is None or isinstance(x, str) for x in (value, error)):
+        return None
+    truncated = reply.get("truncated") is True or len(value or "") > cap or len(error or "") > cap
+    return {
+        "seq": seq,
+        "exit_code": max(-(1 << 31), min(code, (1 << 31) - 1)),
+        "value": None if value is None else value[:cap],
+        "error": None if error is None else error[:cap],
+        "truncated": truncated,
+    }
+
+
 class SandboxWorker:
-    """One confined interpreter process with a persistent namespace. One call at a time."""
+    """One confined interpreter process with a persistent namespace. One call at a time.
+
+    Between calls the worker is stopped (SIGSTOP) and is its sandbox's only process: every
+    other one is killed when a call returns, and its CPU is added to the worker's account.
+    """
 
     def __init__(
         self,
@@ -599,9 +1055,15 @@ class SandboxWorker:
         os.set_blocking(self._wfd, False)
         os.set_blocking(self._rfd, False)
         self._lock = anyio.Lock()
+        self._state_lock = threading.Lock()  # busy / evicted, shared with the pool's thread
+        self._busy = False
         self._killed = False
         self._closed = False
+        self._seq = 0
+        self._killed_cpu_s = 0.0  # CPU of processes it left running, killed after their call
         self.calls = 0
+        self.last_used = time.monotonic()
+        self.evicted: str | None = None  # why the pool evicted it, if it did
         _LIVE.add(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -618,11 +1080,12 @@ class SandboxWorker:
     ) -> SandboxWorker:
         """Start and confine a worker; blocks until it is ready (run it in a thread).
 
-        ``hide``: directories the sandbox must not see (default :func:`default_hidden_paths`);
-        the interpreter's own files inside them stay visible.
+        ``hide``: directories the sandbox must not see even where a shown system tree holds
+        them, and whose ``sys.path`` entries it must not get (default
+        :func:`default_hidden_paths`); the interpreter's own prefixes stay visible.
         """
         uid = _UIDS.acquire() if os.geteuid() == 0 else None
-        hostdir = tempfile.mkdtemp(prefix="w-", dir=_sandbox_root())
+        hostdir = _HOSTDIRS.new()
         out_fd = os.memfd_create("sandbox-stdout")
         err_fd = os.memfd_create("sandbox-stderr")
         proc = None
@@ -679,7 +1142,7 @@ class SandboxWorker:
                 _terminate(proc, uid)
             for fd in (out_fd, err_fd):
                 os.close(fd)
-            shutil.rmtree(hostdir, ignore_errors=True)
+            _HOSTDIRS.drop(hostdir)
             if uid is not None:
                 _UIDS.release(uid)
             raise
@@ -687,6 +1150,11 @@ class SandboxWorker:
     @property
     def alive(self) -> bool:
         return not self._killed and self.proc.poll() is None
+
+    @property
+    def busy(self) -> bool:
+        """A call is running in it (the pool never evicts a busy worker)."""
+        return self._busy
 
     def kill(self) -> None:
         """SIGKILL the worker and its process group now. Cheap, idempotent, safe from any thread.
@@ -697,6 +1165,15 @@ class SandboxWorker:
             return
         self._killed = True
         _terminate(self.proc, None)
+
+    def evict(self, reason: str) -> bool:
+        """Kill the worker unless a call is running in it; its next call reports ``reason``."""
+        with self._state_lock:
+            if self._busy or not self.alive:
+                return False
+            self.evicted = reason
+            self.kill()
+            return True
 
     def close_sync(self) -> None:
         """Kill every process of the sandbox, reap and free everything (blocking: ~10 ms)."""
@@ -714,7 +1191,7 @@ class SandboxWorker:
         for fd in (self._out_fd, self._err_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        shutil.rmtree(self._hostdir, ignore_errors=True)
+        _HOSTDIRS.drop(self._hostdir)
         if self.uid is not None:
             _UIDS.release(self.uid)
         _LIVE.discard(self)
@@ -724,6 +1201,90 @@ class SandboxWorker:
         self.kill()
         async with self._lock:
             await anyio.to_thread.run_sync(self.close_sync)
+
+    # -- accounting ----------------------------------------------------------------------
+    @property
+    def cpu_used_s(self) -> float:
+        """CPU used by the worker and every process it started, as far as the kernel shows it."""
+        return _cpu_seconds(self.proc.pid) + self._killed_cpu_s
+
+    def memory_bytes(self) -> int:
+        """What it holds now: the worker's PSS plus the data in its private tmpfs mounts.
+
+        Between calls the worker is the sandbox's only process; during a call its children
+        (each under the same RLIMIT_AS) are not counted.
+        """
+        pid = self.proc.pid
+        total = _pss_bytes(pid)
+        if "root" in self.isolation:  # its tmpfs mounts (without a new root, /tmp is the host's)
+            for path in ("tmp", "var/tmp", "dev/shm"):
+                with contextlib.suppress(OSError):
+                    st = os.statvfs(f"/proc/{pid}/root/{path}")
+                    total += (st.f_blocks - st.f_bfree) * st.f_frsize
+        return total
+
+    def _members(self, pids: list[int], known: set[int]) -> set[int]:
+        """Which of pids are other processes of this sandbox: its uid, or (no uid) its descendants."""
+        root = self.proc.pid
+        info = {pid: st for pid in pids if pid != root and (st := _status(pid)) is not None}
+        if self.uid is not None:
+            return {pid for pid, (uid, _) in info.items() if uid == self.uid}
+        members: set[int] = set()
+        grew = True
+        while grew:  # orphans are re-parented to the worker (its subreaper), so the tree holds
+            grew = False
+            for pid, (_, ppid) in info.items():
+                if pid not in members and (ppid == root or ppid in members or ppid in known):
+                    members.add(pid)
+                    grew = True
+        return members
+
+    def _quiet_since(self, start: _Clock) -> bool:
+        """Cheap check after a call: no process of the sandbox was started during it."""
+        window = _new_pids(start, _pid_clock())
+        return (
+            window is not None and sum(map(len, window)) <= 64 and not self._members(_pids_in(window), set())
+        )
+
+    def _kill_strays(self, start: _Clock) -> bool:
+        """Kill every process the call left running (all were started during it: the ones of
+        earlier calls were killed the same way), adding their CPU to the worker's account.
+        False if they never ran dry (then the worker and its uid are killed too)."""
+        known: set[int] = set()
+        clock = start
+        for _ in range(500):
+            now = _pid_clock()
+            found = self._members(_pids_in(_new_pids(clock, now)), known)
+            found |= {pid for pid in known if _status(pid) is not None}
+            if not found:
+                return True
+            for pid in found - known:
+                self._killed_cpu_s += _cpu_seconds(pid)
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            known |= found
+            clock = now
+            time.sleep(0.001)
+        self.kill()
+        if self.uid is not None:
+            _kill_uid(self.uid)
+        return False
+
+    async def _settle(self, start: _Clock) -> str | None:
+        """After a call: freeze the worker, kill what it left running, check its CPU budget."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGSTOP)  # threads it left running stop too
+        if not self._quiet_since(start) and not await anyio.to_thread.run_sync(self._kill_strays, start):
+            return "the processes it started could not all be stopped; the interpreter was killed"
+        budget = self.limits.worker_cpu_s
+        if self.cpu_used_s > budget:
+            self.kill()
+            return (
+                f"the interpreter and the processes it started used up their CPU budget of {budget} s "
+                "(over the interpreter's life); it was killed"
+            )
+        return None
 
     # -- calls -------------------------------------------------------------------------
     async def run(
@@ -744,42 +1305,60 @@ class SandboxWorker:
             "stdin": stdin,
             "cpu_s": limits.cpu_s if cpu_s is None else cpu_s,
             "max_output": cap,
+            "seq": self._seq + 1,
         }
         body = json.dumps(request).encode()
         if len(body) > _MAX_REQUEST_BYTES:
             return SandboxResult(error=f"code and stdin exceed {_MAX_REQUEST_BYTES >> 20} MB", exit_code=1)
         async with self._lock:
-            if not self.alive:
-                return SandboxResult(
-                    error="the interpreter is no longer running", exit_code=-1, worker_died=True
-                )
-            for fd in (self._out_fd, self._err_fd):
-                os.ftruncate(fd, 0)
-            self.calls += 1
-            start = time.perf_counter()
-            reply: dict[str, Any] | None = None
-            problem: str | None = None
+            with self._state_lock:
+                if not self.alive:
+                    why = f"the interpreter was evicted: {self.evicted}" if self.evicted else None
+                    return SandboxResult(
+                        error=why or "the interpreter is no longer running", exit_code=-1, worker_died=True
+                    )
+                self._busy = True
             try:
-                with anyio.move_on_after(timeout_s) as scope:
-                    await self._write(len(body).to_bytes(_FRAME_HEADER, "big") + body)
-                    reply = await self._read_reply(cap)
-                timed_out = scope.cancelled_caught
-            except _WorkerGone as exc:
-                timed_out, problem = False, str(exc) or None
-            except BaseException:
-                self.kill()  # cancelled from outside mid-call: the worker's state is unknown
-                raise
-            elapsed_ms = (time.perf_counter() - start) * 1000
-            if reply is None:
-                self.kill()
-                returncode = await self._wait_exit()
-            stdout, stderr, truncated = self._read_output(cap)
+                return await self._call(request, body, timeout_s, cap)
+            finally:
+                with self._state_lock:
+                    self._busy = False
+                    self.last_used = time.monotonic()
+
+    async def _call(self, request: dict[str, Any], body: bytes, timeout_s: float, cap: int) -> SandboxResult:
+        for fd in (self._out_fd, self._err_fd):
+            os.ftruncate(fd, 0)
+        self.calls += 1
+        self._seq = request["seq"]
+        start_clock = _pid_clock()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGCONT)
+        start = time.perf_counter()
+        reply: dict[str, Any] | None = None
+        problem: str | None = None
+        try:
+            with anyio.move_on_after(timeout_s) as scope:
+                await self._write(len(body).to_bytes(_FRAME_HEADER, "big") + body)
+                reply = await self._read_reply(self._seq, cap)
+            timed_out = scope.cancelled_caught
+        except _WorkerGone as exc:
+            timed_out, problem = False, str(exc) or None
+        except BaseException:
+            self.kill()  # cancelled from outside mid-call: the worker's state is unknown
+            raise
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        if reply is not None:
+            problem = await self._settle(start_clock)
+        if reply is None or problem:
+            self.kill()
+            returncode = await self._wait_exit()
+        stdout, stderr, truncated = self._read_output(cap)
         if timed_out:
             return SandboxResult(
                 stdout, stderr, -signal.SIGKILL, True, truncated,
                 f"timed out after {timeout_s:g} s; the interpreter was killed", elapsed_ms, worker_died=True,
             )  # fmt: skip
-        if reply is None:
+        if reply is None or problem:
             why = problem or _describe_exit(returncode, request["cpu_s"])
             return SandboxResult(
                 stdout, stderr, returncode, False, truncated, why, elapsed_ms, worker_died=True
@@ -787,11 +1366,11 @@ class SandboxWorker:
         return SandboxResult(
             stdout=stdout,
             stderr=stderr,
-            exit_code=int(reply.get("exit_code") or 0),
-            truncated=truncated or bool(reply.get("truncated")),
-            error=reply.get("error"),
+            exit_code=reply["exit_code"],
+            truncated=truncated or reply["truncated"],
+            error=reply["error"],
             elapsed_ms=elapsed_ms,
-            value=reply.get("value"),
+            value=reply["value"],
         )
 
     async def _write(self, data: bytes) -> None:
@@ -817,22 +1396,22 @@ class SandboxWorker:
             buf += chunk
         return bytes(buf)
 
-    async def _read_reply(self, cap: int) -> dict[str, Any]:
-        size = int.from_bytes(await self._read_exact(_FRAME_HEADER), "big")
-        if size > 8 * cap + (1 << 20):
-            raise _WorkerGone(
-                "the interpreter sent an oversized reply (its control channel was tampered with)"
-            )
-        try:
-            reply = json.loads(await self._read_exact(size))
-        except ValueError:
-            reply = None
-
-        if not isinstance(reply, dict):
-            raise _WorkerGone(
-                "the interpreter sent a malformed reply (its control channel was tampered with)"
-            )
-        return reply
+    async def _read_reply(self, seq: int, cap: int) -> dict[str, Any]:
+        """The reply to call ``seq``. Frames of earlier calls are skipped: after a forged frame
+        ended a call early, the genuine reply of that call arrives during the next one."""
+        while True:
+            size = int.from_bytes(await self._read_exact(_FRAME_HEADER), "big")
+            if size > 8 * cap + (1 << 20):
+                raise _WorkerGone(
+                    "the interpreter sent an oversized reply (its control channel was tampered with)"
+                )
+            reply = _parse_reply(await self._read_exact(size), cap)
+            if reply is None or reply["seq"] > seq:
+                raise _WorkerGone(
+                    "the interpreter sent a malformed reply (its control channel was tampered with)"
+                )
+            if reply["seq"] == seq:
+                return reply
 
     async def _wait_exit(self) -> int:
         for _ in range(1000):
@@ -862,15 +1441,32 @@ def _terminate(proc: subprocess.Popen[bytes], uid: int | None) -> None:
 
 
 # ----------------------------------------------------------------------------------------
-# Pool of warm workers
+# Pool of warm workers, within a fleet budget
 # ----------------------------------------------------------------------------------------
+class SandboxOverloaded(SandboxError):
+    """No new sandbox now: the fleet is at its worker or memory limit and no idle session is left."""
+
+
+# A worker's memory is re-measured after each of its calls, every second while a call runs,
+# and every 10 s otherwise (a stopped worker's PSS moves only as page sharing changes).
+_MEMORY_BUSY_AGE_S = 1.0
+_MEMORY_IDLE_AGE_S = 10.0
+_MAINTAIN_EVERY_S = 2.0  # the background thread re-measures memory this often
+_SPAWN_RETRY_S = 5.0  # after a failed spawn, the background thread waits this long
+
+
 @dataclass
 class _PoolState:
     idle: deque[SandboxWorker] = field(default_factory=deque)
     leased: set[SandboxWorker] = field(default_factory=set)
     retired: deque[SandboxWorker] = field(default_factory=deque)
+    spawning: int = 0
     last_error: str | None = None
+    error_at: float = 0.0
     closing: bool = False
+    memory: dict[SandboxWorker, tuple[int, float]] = field(default_factory=dict)  # (bytes, measured at)
+    evictions: int = 0
+    refused: int = 0
 
 
 class SandboxPool:
@@ -879,6 +1475,13 @@ class SandboxPool:
     ``acquire`` hands out a warm worker (or starts one when none is idle); ``release``
     kills it. A background thread keeps ``size`` idle workers ready and reaps killed
     ones, so it works with any event loop and costs the loop nothing.
+
+    Fleet budget: at most ``max_workers`` live interpreters (idle ones included) and
+    ``max_total_memory_mb`` of measured memory (:meth:`SandboxWorker.memory_bytes`, summed).
+    A new lease over either limit first evicts idle leased workers, least recently used
+    first (their next call reports the eviction); when none is idle it raises
+    :class:`SandboxOverloaded`. The background thread evicts the same way whenever the
+    measured memory is over budget.
     """
 
     def __init__(
@@ -890,11 +1493,17 @@ class SandboxPool:
         preload: tuple[str, ...] = (),
         namespaces: bool = True,
         hide: tuple[str, ...] | None = None,
+        max_workers: int = 64,
+        max_total_memory_mb: int = 8192,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must be >= 0")
+        if max_workers < 1 or max_total_memory_mb < 1:
+            raise ValueError("max_workers and max_total_memory_mb must be >= 1")
         self.size = size
         self.limits = limits or SandboxLimits()
+        self.max_workers = max_workers
+        self.max_memory_bytes = max_total_memory_mb << 20
         self._spawn_kwargs: dict[str, Any] = {
             "python": python,
             "preload": preload,
@@ -903,6 +1512,7 @@ class SandboxPool:
         }
         self._state = _PoolState()
         self._cond = threading.Condition()
+        self._measuring = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started = False
         self.isolation: dict[str, str] = {}
@@ -912,6 +1522,7 @@ class SandboxPool:
         if self._started:
             return
         self._started = True  # before the first await: concurrent callers return at once
+        _clean_up_on_sigterm()
         try:
             first = await anyio.to_thread.run_sync(self._spawn)
         except BaseException:
@@ -930,6 +1541,7 @@ class SandboxPool:
             self._state.idle.clear()
             self._state.leased.clear()
             self._state.retired.clear()
+            self._state.memory.clear()
             self._cond.notify_all()
         for worker in workers:
             worker.kill()
@@ -947,22 +1559,37 @@ class SandboxPool:
         await self.close()
 
     async def acquire(self) -> SandboxWorker:
-        """A warm, confined worker for one user (session). Release it when done."""
-        worker = None
+        """A warm, confined worker for one user (session). Release it when done.
+
+        Raises :class:`SandboxOverloaded` when the fleet budget leaves no room.
+        """
+        if self._memory_stale():
+            await anyio.to_thread.run_sync(self._measure_memory)  # /proc reads: off the event loop
         with self._cond:
             if self._state.closing:
                 raise SandboxError("the sandbox pool is closed")
-            while self._state.idle:
-                candidate = self._state.idle.popleft()
-                if candidate.alive:
-                    worker = candidate
-                    break
-                self._state.retired.append(candidate)
+            self._make_room(need_worker=not any(w.alive for w in self._state.idle))
+            worker = self._pop_idle()
+            if worker is None:
+                self._state.spawning += 1  # holds its place in max_workers
             self._cond.notify_all()  # refill
+        spawned = worker is None
         if worker is None:
-            worker = await anyio.to_thread.run_sync(self._spawn)
+            try:
+                worker = await anyio.to_thread.run_sync(self._spawn)
+            except BaseException:
+                with self._cond:
+                    self._state.spawning -= 1
+                raise
         with self._cond:
-            self._state.leased.add(worker)
+            self._state.spawning -= spawned
+            closing = self._state.closing
+            if not closing:
+                worker.last_used = time.monotonic()  # the newest lease is the last to be evicted
+                self._state.leased.add(worker)
+        if closing:
+            await worker.aclose()
+            raise SandboxError("the sandbox pool is closed")
         return worker
 
     async def release(self, worker: SandboxWorker) -> None:
@@ -970,6 +1597,7 @@ class SandboxPool:
         worker.kill()
         with self._cond:
             self._state.leased.discard(worker)
+            self._state.memory.pop(worker, None)
             if self._thread is not None and not self._state.closing:
                 self._state.retired.append(worker)
                 self._cond.notify_all()
@@ -989,43 +1617,164 @@ class SandboxPool:
     def idle_count(self) -> int:
         return len(self._state.idle)
 
+    def gauges(self) -> dict[str, float]:
+        """Fleet figures for /metrics (re-measures only workers whose figure is stale)."""
+        if self._memory_stale():
+            self._measure_memory()
+        with self._cond:
+            state = self._state
+            return {
+                "sandbox_workers_live": float(len(state.idle) + len(state.leased) + state.spawning),
+                "sandbox_workers_idle_pool": float(len(state.idle)),
+                "sandbox_workers_busy": float(sum(w.busy for w in state.leased)),
+                "sandbox_workers_max": float(self.max_workers),
+                "sandbox_memory_bytes": float(self._memory_total()),
+                "sandbox_memory_budget_bytes": float(self.max_memory_bytes),
+                "sandbox_evictions_total": float(state.evictions),
+                "sandbox_admissions_refused_total": float(state.refused),
+            }
+
+    def _memory_stale(self) -> bool:
+        with self._cond:
+            return any(self._stale(w) for w in (*self._state.idle, *self._state.leased))
+
+    def _stale(self, worker: SandboxWorker) -> bool:
+        figure = self._state.memory.get(worker)
+        if figure is None or worker.last_used >= figure[1]:
+            return True
+        age = time.monotonic() - figure[1]
+        return age > (_MEMORY_BUSY_AGE_S if worker.busy else _MEMORY_IDLE_AGE_S)
+
+    # -- budget (callers hold self._cond unless said otherwise) -----------------------------
+    def _live(self) -> int:
+        return len(self._state.idle) + len(self._state.leased) + self._state.spawning
+
+    def _memory_total(self) -> int:
+        return sum(size for size, _ in self._state.memory.values())
+
+    def _pop_idle(self) -> SandboxWorker | None:
+        while self._state.idle:
+            candidate = self._state.idle.popleft()
+            if candidate.alive:
+                return candidate
+            self._state.retired.append(candidate)
+        return None
+
+    def _make_room(self, *, need_worker: bool) -> None:
+        """Evict idle sessions, least recently used first, until a new lease fits; else refuse."""
+        while True:
+            full = need_worker and self._live() >= self.max_workers
+            used = self._memory_total()
+            if not full and used < self.max_memory_bytes:
+                return
+            if full:
+                why = f"the sandbox fleet is at its limit of {self.max_workers} interpreters"
+            else:
+                why = f"sandbox memory is at its limit ({used >> 20} of {self.max_memory_bytes >> 20} MB)"
+            if not self._evict_one(f"{why}, and this session was the least recently used idle one"):
+                self._state.refused += 1
+                raise SandboxOverloaded(
+                    f"no python sandbox available: {why} and every session's interpreter is busy. "
+                    "Retry in a few seconds, or end sessions that are no longer needed."
+                )
+
+    def _evict_one(self, reason: str) -> bool:
+        """Kill the least recently used idle leased worker; False if there is none."""
+        for victim in sorted(self._state.leased, key=lambda w: w.last_used):
+            if victim.evict(reason):
+                self._state.leased.discard(victim)
+                self._state.memory.pop(victim, None)
+                self._state.retired.append(victim)
+                self._state.evictions += 1
+                self._cond.notify_all()
+                return True
+        return False
+
+    def _wants_spare(self) -> bool:
+        state = self._state
+        if state.last_error is not None and time.monotonic() - state.error_at < _SPAWN_RETRY_S:
+            return False
+        return (
+            len(state.idle) + state.spawning < self.size
+            and self._live() < self.max_workers
+            and self._memory_total() < self.max_memory_bytes
+        )
+
+    # -- background --------------------------------------------------------------------------
     def _spawn(self) -> SandboxWorker:
         worker = SandboxWorker.spawn(self.limits, **self._spawn_kwargs)
         self.isolation = worker.isolation
         return worker
 
+    def _measure_memory(self) -> None:
+        """Re-measure the workers whose figure is stale (no lock held while reading /proc)."""
+        if not self._measuring.acquire(blocking=False):
+            return  # another thread is at it
+        try:
+            with self._cond:
+                live = [*self._state.idle, *self._state.leased]
+                stale = [w for w in live if self._stale(w)]
+            figures = {}
+            for worker in stale:
+                taken_at = time.monotonic()  # a call that ends while measuring makes it stale again
+                figures[worker] = (worker.memory_bytes(), taken_at)
+            with self._cond:
+                live = {*self._state.idle, *self._state.leased}
+                old = self._state.memory
+                self._state.memory = {w: figures.get(w) or old[w] for w in live if w in figures or w in old}
+        finally:
+            self._measuring.release()
+
+    def _hold_memory_budget(self) -> None:
+        self._measure_memory()
+        with self._cond:
+            while self._memory_total() > self.max_memory_bytes:
+                used = self._memory_total() >> 20
+                why = f"sandbox memory was over its limit ({used} of {self.max_memory_bytes >> 20} MB)"
+                if not self._evict_one(f"{why}, and this session was the least recently used idle one"):
+                    break
+
     def _maintain(self) -> None:
-        """Background thread: reap retired workers, keep ``size`` idle ones warm."""
+        """Background thread: reap retired workers, keep ``size`` idle ones warm, hold the budget."""
+        check_at = time.monotonic() + _MAINTAIN_EVERY_S
         while True:
             with self._cond:
-                while not (
-                    self._state.closing
-                    or self._state.retired
-                    or (len(self._state.idle) < self.size and self._state.last_error is None)
-                ):
-                    if not self._cond.wait(timeout=5.0):
-                        self._state.last_error = None  # retry spawning after a quiet spell
+                while not (self._state.closing or self._state.retired or self._wants_spare()):
+                    wait = check_at - time.monotonic()
+                    if wait <= 0:
+                        break
+                    self._cond.wait(timeout=min(wait, _SPAWN_RETRY_S))
                 if self._state.closing:
                     return
                 retired = list(self._state.retired)
                 self._state.retired.clear()
-                need = len(self._state.idle) < self.size and self._state.last_error is None
+                spare = self._wants_spare()
+                if spare:
+                    self._state.spawning += 1
             for worker in retired:
                 worker.close_sync()
-            if not need:
-                continue
-            try:
-                fresh = self._spawn()
-            except Exception as exc:  # reported again by acquire() when it has to spawn itself
-                with self._cond:
-                    self._state.last_error = str(exc)
-                continue
+            if time.monotonic() >= check_at:
+                check_at = time.monotonic() + _MAINTAIN_EVERY_S
+                if self._state.leased:
+                    self._hold_memory_budget()
+            if spare:
+                self._add_spare()
+
+    def _add_spare(self) -> None:
+        try:
+            fresh = self._spawn()
+        except Exception as exc:  # reported again by acquire() when it has to spawn itself
             with self._cond:
-                if self._state.closing:
-                    fresh.close_sync()
-                    return
+                self._state.spawning -= 1
+                self._state.last_error, self._state.error_at = str(exc), time.monotonic()
+            return
+        with self._cond:
+            self._state.spawning -= 1
+            if not self._state.closing:
                 self._state.idle.append(fresh)
                 self._state.last_error = None
+                return
+        fresh.close_sync()
 
 
 async def run_python(
@@ -1047,6 +1796,7 @@ async def run_python(
         memory_mb=memory_mb,
         max_output_bytes=max_output_bytes,
     )
+    _clean_up_on_sigterm()
     worker = await anyio.to_thread.run_sync(SandboxWorker.spawn, limits)
     try:
         return await worker.run(code, stdin=stdin)

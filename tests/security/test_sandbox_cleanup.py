@@ -1,0 +1,110 @@
+"""No ``toolfactory-sandbox-*`` directory (nor sandbox process) outlives a pool or its server.
+
+Hole closed (security campaign, point 16, sandbox part): a SIGTERMed server left an empty
+``/tmp/toolfactory-sandbox-*`` behind. Each case runs in a process of its own with
+``TMPDIR`` pointing at a fresh directory, so other tests' sandboxes do not interfere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from protocol import decode_results
+from tests.support.server import running_server, server_config
+from tools.sandbox import _processes_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+CLOSE_POOL = r"""
+import anyio, os, tempfile
+from tools.sandbox import SandboxPool
+async def main():
+    pool = SandboxPool(2)
+    await pool.start()
+    async with pool.worker() as worker:
+        assert (await worker.run("6 * 7")).value == "42"
+    print("open", sorted(os.listdir(tempfile.gettempdir())), flush=True)
+    await pool.close()
+    print("closed", sorted(os.listdir(tempfile.gettempdir())), flush=True)  # before any atexit
+anyio.run(main)
+"""
+
+HOLD_POOL = r"""
+import anyio, sys
+from tools.sandbox import SandboxPool
+async def main():
+    pool = SandboxPool(1)
+    await pool.start()
+    worker = await pool.acquire()
+    await worker.run("x = 1")
+    print("uid", worker.uid, flush=True)
+    await anyio.sleep(60)
+anyio.run(main)
+"""
+
+
+def python(code: str, tmp: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def leftovers(tmp: Path) -> list[str]:
+    return sorted(p.name for p in tmp.glob("toolfactory-sandbox-*"))
+
+
+def test_closing_the_pool_removes_its_directory(tmp_path: Path) -> None:
+    proc = python(CLOSE_POOL, tmp_path)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    opened, closed = out.splitlines()
+    assert opened.startswith("open ['toolfactory-sandbox-")
+    assert closed == "closed []"
+    assert leftovers(tmp_path) == []
+
+
+def test_sigterm_of_a_process_holding_a_pool_leaves_nothing(tmp_path: Path) -> None:
+    proc = python(HOLD_POOL, tmp_path)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("uid"), proc.communicate(timeout=5)
+    assert leftovers(tmp_path) != []
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGTERM  # it still dies of the signal
+    assert leftovers(tmp_path) == []
+    uid = line.split()[1]
+    if uid != "None":
+        assert _processes_of(int(uid)) == []
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_of_a_server_with_the_python_tool_leaves_nothing(tmp_path: Path) -> None:
+    config = server_config()
+    config["tools"] = [
+        *config["tools"],
+        {"target": "tools.python_tool:PythonTool", "toolsets": ["default"], "args": {"pool_size": 1}},
+    ]
+    with running_server(config, env={"TMPDIR": str(tmp_path)}) as server:
+        call = {"call_id": uuid.uuid4().hex, "name": "python", "arguments": {"code": "x = 6 * 7\nx"}}
+        body = {"calls": [{**call, "session": f"s-{uuid.uuid4().hex}"}]}
+        result = decode_results(httpx.post(server.url + "/v1/calls", json=body, timeout=60).content)[0]
+        assert "42" in result.text
+        assert leftovers(tmp_path) != []
+        server.proc.send_signal(signal.SIGTERM)
+        server.proc.wait(30)
+    assert leftovers(tmp_path) == [], server.output[-2000:]
