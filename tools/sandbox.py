@@ -423,7 +423,8 @@ def build_root(mount, top, uid, report):
     for path, size in (("/tmp", CONFIG["tmpfs_mb"]), ("/var/tmp", 4), ("/dev/shm", 4)):
         root.tmpfs(path, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
     for name in DEVICES:
-        root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
+        if os.path.exists("/dev/" + name):
+            root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
     for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
         os.symlink("/proc/self/fd" + target, root.inner("/dev/" + name))
     report["proc"] = mount_proc(root)
@@ -845,10 +846,21 @@ def default_hidden_paths() -> tuple[str, ...]:
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def _proc_read(path: str) -> bytes:
+    """A /proc file's content, read without a Python file object (several of these run per call)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _read_int(path: str, default: int) -> int:
     try:
-        with open(path, "rb") as fh:
-            return int(fh.read())
+        return int(_proc_read(path))
     except (OSError, ValueError):
         return default
 
@@ -863,8 +875,7 @@ def _status(pid: int) -> tuple[int, int] | None:
     id (``/proc/<tid>`` exists, unlisted) is not a process.
     """
     try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            status = fh.read()
+        status = _proc_read(f"/proc/{pid}/status")
         if int(status.partition(b"\nTgid:")[2].split(None, 1)[0]) != pid:
             return None
         state = status.partition(b"\nState:")[2].split(None, 1)[0]
@@ -902,8 +913,7 @@ def _kill_uid(uid: int) -> None:
 def _cpu_seconds(pid: int) -> float:
     """CPU time of a process and of the children it has reaped (utime, stime, cutime, cstime)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            fields = fh.read().rpartition(b")")[2].split()
+        fields = _proc_read(f"/proc/{pid}/stat").rpartition(b")")[2].split()
         return sum(int(f) for f in fields[11:15]) / _CLK_TCK
     except (OSError, ValueError, IndexError):
         return 0.0
@@ -912,13 +922,18 @@ def _cpu_seconds(pid: int) -> float:
 _Clock = tuple[int, int]
 
 
+def _last_pid() -> int:
+    """The last pid handed out in this PID namespace."""
+    return int(_proc_read("/proc/loadavg").rsplit(None, 1)[1])
+
+
+def _forks() -> int:
+    """Processes (and threads) forked host-wide since boot."""
+    return int(_proc_read("/proc/stat").partition(b"\nprocesses ")[2].split(None, 1)[0])
+
+
 def _pid_clock() -> _Clock:
-    """(last pid handed out in this PID namespace, processes forked host-wide since boot)."""
-    with open("/proc/loadavg", "rb") as fh:
-        last = int(fh.read().rsplit(None, 1)[1])
-    with open("/proc/stat", "rb") as fh:
-        forks = int(fh.read().partition(b"\nprocesses ")[2].split(None, 1)[0])
-    return last, forks
+    return _last_pid(), _forks()
 
 
 def _new_pids(start: _Clock, end: _Clock) -> list[range] | None:
@@ -945,8 +960,7 @@ def _pss_bytes(pid: int) -> int:
     """Proportional set size (shared pages split among their users); RSS where PSS is unavailable."""
     for path, key in ((f"/proc/{pid}/smaps_rollup", b"Pss:"), (f"/proc/{pid}/status", b"VmRSS:")):
         try:
-            with open(path, "rb") as fh:
-                data = fh.read()
+            data = _proc_read(path)
         except OSError:
             continue
         value = data.partition(key)[2].split(None, 1)[:1]
@@ -1061,6 +1075,7 @@ class SandboxWorker:
         self._closed = False
         self._seq = 0
         self._killed_cpu_s = 0.0  # CPU of processes it left running, killed after their call
+        self._forks_seen = _forks()  # host-wide fork count when it was last checked (see _settle)
         self.calls = 0
         self.last_used = time.monotonic()
         self.evicted: str | None = None  # why the pool evicted it, if it did
@@ -1239,9 +1254,9 @@ class SandboxWorker:
                     grew = True
         return members
 
-    def _quiet_since(self, start: _Clock) -> bool:
+    def _quiet(self, start: _Clock, now: _Clock) -> bool:
         """Cheap check after a call: no process of the sandbox was started during it."""
-        window = _new_pids(start, _pid_clock())
+        window = _new_pids(start, now)
         return (
             window is not None and sum(map(len, window)) <= 64 and not self._members(_pids_in(window), set())
         )
@@ -1275,7 +1290,9 @@ class SandboxWorker:
         """After a call: freeze the worker, kill what it left running, check its CPU budget."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGSTOP)  # threads it left running stop too
-        if not self._quiet_since(start) and not await anyio.to_thread.run_sync(self._kill_strays, start):
+        now = _pid_clock()
+        self._forks_seen = now[1]
+        if not self._quiet(start, now) and not await anyio.to_thread.run_sync(self._kill_strays, start):
             return "the processes it started could not all be stopped; the interpreter was killed"
         budget = self.limits.worker_cpu_s
         if self.cpu_used_s > budget:
@@ -1330,7 +1347,9 @@ class SandboxWorker:
             os.ftruncate(fd, 0)
         self.calls += 1
         self._seq = request["seq"]
-        start_clock = _pid_clock()
+        # The fork count of the last check, not of now: one /proc/stat read per call, and the
+        # wrap-around test only gets more cautious (more forks seem to fall in the call).
+        start_clock = (_last_pid(), self._forks_seen)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGCONT)
         start = time.perf_counter()

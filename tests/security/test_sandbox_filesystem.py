@@ -85,6 +85,16 @@ async def test_only_private_tmpfs_mounts_are_writable_and_nothing_reaches_the_ho
     assert landed == []
 
 
+async def test_find_lists_no_world_writable_directory(worker: SandboxWorker) -> None:
+    """The campaign's own probe, ``find / -perm -0002 -type d``, run inside (over every mount)."""
+    result = await worker.run(
+        "import subprocess\n"
+        "find = ['find', '/', '-path', '/proc', '-prune', '-o', '-perm', '-0002', '-type', 'd', '-print']\n"
+        "subprocess.run(find, capture_output=True, text=True).stdout.split()"
+    )
+    assert result.value == "[]", result
+
+
 async def test_private_tmpfs_mounts_are_size_capped(worker: SandboxWorker) -> None:
     code = (
         "import os\nsizes = {}\n"
