@@ -773,7 +773,7 @@ class _HostDirs:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entered by the SIGTERM handler in the main thread
         self._root: str | None = None
         self._count = 0
 
@@ -1420,7 +1420,7 @@ class SandboxWorker:
         ended a call early, the genuine reply of that call arrives during the next one."""
         while True:
             size = int.from_bytes(await self._read_exact(_FRAME_HEADER), "big")
-            if size > 8 * cap + (1 << 20):
+            if size > 32 * cap + (1 << 20):  # value and error, each up to cap chars JSON-escaped
                 raise _WorkerGone(
                     "the interpreter sent an oversized reply (its control channel was tampered with)"
                 )
