@@ -112,6 +112,8 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     app = create_app(config, bind_host=host)
     tune_gc(config.server.gc_threshold)
+    from tool_server.connections import guarded_protocol, limits_from_config
+
     uvicorn.run(
         app,
         host=host,
@@ -119,6 +121,10 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
         log_level=log_level,
         access_log=False,
         timeout_graceful_shutdown=config.server.shutdown_grace_s,
+        # Header/body timeouts and the connection cap live in the protocol; uvicorn's own
+        # limit_concurrency would also count in-flight requests (see connections.py).
+        http=guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s)),
+        timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # a float works
         limit_concurrency=None,
         backlog=4096,
     )
