@@ -235,6 +235,11 @@ class HttpApi:
         for tool, figures in self.executor.tool_gauges().items():
             for name, value in figures.items():
                 m.tool_gauges.labels(tool, name).set(value)
+        guard = getattr(request.app.state, "connection_guard", None)  # set by `tool-server serve`
+        if guard is not None:
+            m.connections_open.set(guard.open)
+            for event, count in guard.counts.items():
+                m.connection_events.labels(event.replace(" ", "_")).set(count)
         for check in self.readiness_checks:
             check()  # refreshes upstream gauges
         return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

@@ -106,6 +106,13 @@ class Metrics:
             ["tool", "name"],
             registry=r,
         )
+        self.connections_open = Gauge("toolfactory_connections_open", "Open client connections", registry=r)
+        self.connection_events = Gauge(
+            "toolfactory_connection_events_total",
+            "Connections refused (503), evicted at the cap, or closed by a header/body timeout",
+            ["event"],
+            registry=r,
+        )
         self.upstream_restarts = Gauge(
             "toolfactory_upstream_restarts", "Restarts of an upstream MCP server", ["server"], registry=r
         )

@@ -10,6 +10,7 @@ import contextlib
 import inspect
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -259,6 +260,9 @@ def test_beyond_the_cap_with_every_connection_busy_a_new_one_gets_503_quickly(
     while (status := httpx.get(server.url + "/healthz").status_code) != 200 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert status == 200
+    metrics = httpx.get(server.url + "/metrics").text  # refusals are counted where operators look
+    assert re.search(r'^toolfactory_connection_events_total\{event="refused"\} [1-9]', metrics, re.MULTILINE)
+    assert re.search(r"^toolfactory_connections_open [1-9]", metrics, re.MULTILINE)
 
 
 def test_connection_cap_leaves_a_quarter_of_the_fds_for_everything_else() -> None:
