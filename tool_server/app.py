@@ -39,14 +39,26 @@ def build_registry(config: Config) -> Registry:
 
 
 def build_upstreams(config: Config) -> list[Any]:
-    if not config.mcpServers:
+    """The ``mcpServers`` (and VS Code's ``servers``) entries as UpstreamServers, not started.
+
+    ``serve`` and ``check-config`` both come here, so they accept and refuse the same configs.
+    """
+    entries = upstream_entries(config)
+    if not entries:
         return []
     from tool_server.upstream import load_upstreams
 
     try:
-        return load_upstreams(config.mcpServers, separator=config.upstream_separator)
+        return load_upstreams(entries, separator=config.upstream_separator)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def upstream_entries(config: Config) -> dict[str, Any]:
+    both = set(config.mcpServers) & set(config.servers)
+    if both:
+        raise ConfigError(f"upstream servers {sorted(both)} are in both mcpServers and servers; keep one")
+    return {**config.mcpServers, **config.servers}
 
 
 def create_app(
@@ -59,7 +71,7 @@ def create_app(
     executor = Executor(registry, config, metrics)
     api = HttpApi(executor, default_toolset=config.default_toolset, retry_after_s=config.limits.retry_after_s)
     tokens = load_tokens(config.auth, environ)
-    upstreams = build_upstreams(config)
+    upstreams = _upstreams(build_upstreams(config), registry, config.default_toolset)
     # Starlette tries routes in order: the hot ones (/v1/calls, then MCP) come first.
     calls_route, *other_routes = api.routes()
     routes: list[Any] = [calls_route]
@@ -77,10 +89,10 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await executor.start()
-        for upstream in upstreams:
-            await upstream.start()  # returns even when unreachable; a supervisor keeps reconnecting
-            _register_upstream(registry, upstream, config.default_toolset)
-            api.readiness_checks.append(_upstream_check(upstream, registry, metrics, config.default_toolset))
+        if upstreams is not None:
+            # In the background: /healthz answers now, each upstream's tools join as it comes up.
+            await upstreams.start()
+            api.readiness_checks += _upstream_checks(upstreams, metrics)
         async with contextlib.AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.session_manager.run())
@@ -91,8 +103,8 @@ def create_app(
             finally:
                 api.ready = False
                 await executor.drain(config.server.shutdown_grace_s)
-        for upstream in upstreams:
-            await upstream.stop()
+        if upstreams is not None:
+            await upstreams.stop()  # all at once, handshakes in progress included
         await executor.stop()
 
     async def on_error(request: Request, exc: Exception) -> Response:
@@ -126,39 +138,32 @@ def create_app(
     return app
 
 
-def _register_upstream(registry: Registry, upstream: Any, default_toolset: str | None) -> None:
-    """Match the registry to the upstream's tool list: it may come up, or change, after start.
+def _upstreams(servers: list[Any], registry: Registry, default_toolset: str | None) -> Any:
+    if not servers:
+        return None
+    from tool_server.upstream import Upstreams
 
-    New tools are added; tools it no longer lists are removed (a call to one then gets
-    ``unknown_tool`` instead of an upstream error). Only called with a fresh list.
+    return Upstreams(servers, registry, [default_toolset] if default_toolset else [])
+
+
+def _upstream_checks(upstreams: Any, metrics: Metrics) -> list[Any]:
+    """/readyz entries: which upstreams are up, starting or down, and their name clashes.
+
+    Only servers marked ``required`` decide readiness; the others are reported. Read-only:
+    the registry follows the upstreams by itself (``Upstreams.reconcile``).
     """
-    offered = {descriptor["name"] for descriptor in upstream.tools}
-    for name in [n for n, e in registry.entries.items() if e.upstream is upstream and n not in offered]:
-        log.warning("upstream %s no longer offers tool %r; removed", getattr(upstream, "name", "?"), name)
-        registry.remove(name)
-    for descriptor in upstream.tools:
-        name = descriptor["name"]
-        existing = registry.get(name)
-        if existing is not None:
-            if existing.upstream is not upstream:
-                log.error("upstream tool %r clashes with a configured tool; not exposed", name)
-            continue
 
-        async def call(call: Any, timeout_s: float, _name: str = name) -> Any:
-            return await upstream.call(
-                upstream.local_name(_name), call.arguments, timeout_s, call_id=call.call_id
-            )
+    def summary() -> tuple[str, bool, dict[str, Any]]:
+        ok, detail = upstreams.summary()
+        return "upstreams", ok, detail
 
-        registry.add_upstream_tool(descriptor, upstream, call, [default_toolset] if default_toolset else [])
+    def check_of(server: Any) -> Any:
+        def check() -> tuple[str, bool, dict[str, Any]]:
+            status = upstreams.status(server)
+            metrics.upstream_up.labels(server.name).set(1 if server.healthy else 0)
+            metrics.upstream_restarts.labels(server.name).set(status["restarts"])
+            return f"upstream:{server.name}", server.healthy or not server.required, status
 
+        return check
 
-def _upstream_check(upstream: Any, registry: Registry, metrics: Metrics, default_toolset: str | None) -> Any:
-    def check() -> tuple[str, bool, dict[str, Any]]:
-        status = upstream.status()
-        if upstream.healthy:
-            _register_upstream(registry, upstream, default_toolset)
-        metrics.upstream_up.labels(upstream.name).set(1 if upstream.healthy else 0)
-        metrics.upstream_restarts.labels(upstream.name).set(status.get("restarts", 0))
-        return f"upstream:{upstream.name}", bool(upstream.healthy), status
-
-    return check
+    return [summary, *(check_of(server) for server in upstreams.servers)]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -47,9 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     tools = sub.add_parser("tools", help="list the configured tools and their schemas as JSON")
     _add_config_arg(tools)
     tools.add_argument("--toolset", default=None, help="only this toolset")
+    tools.add_argument(
+        "--probe",
+        action="store_true",
+        help="start the upstream MCP servers (mcpServers) and list their tools too; without it they are left out",
+    )
 
-    check = sub.add_parser("check-config", help="load the config and import every tool; exit 1 on any error")
+    check = sub.add_parser(
+        "check-config",
+        help="load the config, import every tool and check the mcpServers entries as serve does; "
+        "exit 2 on a configuration error, 1 when --probe finds an upstream down or a name clash",
+    )
     _add_config_arg(check)
+    check.add_argument(
+        "--probe",
+        action="store_true",
+        help="also start each upstream MCP server and list its tools and clashes",
+    )
     return parser
 
 
@@ -59,22 +75,69 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         if args.command == "serve":
             return _serve(config, args)
-        from tool_server.app import build_registry
+        from tool_server.app import build_registry, build_upstreams
 
         registry = build_registry(config)
+        upstreams = build_upstreams(config)  # the same checks as serve: keys, ${VAR}s, names
+        report = _probe(upstreams, registry, config.default_toolset) if args.probe else []
         if args.command == "tools":
             sys.stdout.write(
                 orjson.dumps(registry.descriptors(args.toolset), option=orjson.OPT_INDENT_2).decode()
             )
             sys.stdout.write("\n")
-        else:
-            print(
-                f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}"
-            )
-        return 0
+            if upstreams and not args.probe:
+                print(f"tool-server: {_left_out(upstreams)}", file=sys.stderr)
+            for line in (line for ok, line in report if not ok):
+                print(f"tool-server: {line}", file=sys.stderr)  # their tools are missing from the list
+            return 0
+        print(f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}")
+        if upstreams and not args.probe:
+            print(_left_out(upstreams))
+        for ok, line in report:
+            print(line if ok else f"PROBLEM {line}")
+        return 0 if all(ok for ok, _ in report) else 1
     except ConfigError as exc:
         print(f"tool-server: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+def _left_out(upstreams: list[Any]) -> str:
+    names = ", ".join(server.name for server in upstreams)
+    return (
+        f"{len(upstreams)} upstream MCP server(s) configured ({names}); not started, so their tools are "
+        "left out: --probe starts them and lists their tools"
+    )
+
+
+def _probe(upstreams: list[Any], registry: Any, default_toolset: str | None) -> list[tuple[bool, str]]:
+    """Start every upstream (at once), add their tools to ``registry``, report each; stop them.
+
+    One ``(ok, line)`` per finding: a server's tools, or why it is down, or a name clash.
+    """
+    if not upstreams:
+        return []
+    from tool_server.upstream import Upstreams
+
+    group = Upstreams(upstreams, registry, [default_toolset] if default_toolset else [])
+
+    async def run() -> list[tuple[bool, str]]:
+        await group.start(wait=True)
+        try:
+            return [finding for server in upstreams for finding in _probe_findings(group, server)]
+        finally:
+            await group.stop()
+
+    return asyncio.run(run())
+
+
+def _probe_findings(group: Any, server: Any) -> list[tuple[bool, str]]:
+    status = group.status(server)
+    if not server.healthy:
+        return [(False, f"upstream {server.name}: {status['state']}: {status['last_error']}")]
+    names = [tool.name for tool in server.catalog]
+    version = status["protocol_version"]
+    findings = [(True, f"upstream {server.name}: ready ({version}), {len(names)} tools: {', '.join(names)}")]
+    return findings + [(False, f"upstream {server.name}: {clash}") for clash in status["clashes"]]
 
 
 def tune_gc(threshold: int) -> None:

@@ -132,7 +132,9 @@ class Config:
     toolsets: dict[str, list[str]] = field(default_factory=dict)  # extra named subsets of tool names
     default_toolset: str | None = "default"  # what /mcp and /v1/tools list; None = all tools
     mcpServers: dict[str, dict[str, Any]] = field(default_factory=dict)  # noqa: N815 (the MCP clients' key)
-    upstream_separator: str = "."  # upstream tools appear as "<server><sep><tool>"
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # VS Code's name for mcpServers
+    # Upstream tools appear as "<server><sep><tool>"; "__" keeps OpenAI's ^[a-zA-Z0-9_-]{1,64}$.
+    upstream_separator: str = "__"
     extends: str | None = None  # "builtin" or a path: start from that file, then apply this one
 
 

@@ -420,8 +420,8 @@ class Executor:
         session: SessionState | None = None
         try:
             kwargs, session = self._prepare(ticket, kwargs, ephemeral)
-            if entry.upstream is not None:
-                return await entry.func(call, entry.meta.timeout_s)
+            if entry.upstream is not None:  # the session carries per-trajectory upstream state
+                return await entry.func(call, entry.meta.timeout_s, session)
             timeout = min(entry.meta.timeout_s, self.max_timeout_s)
             try:
                 async with asyncio.timeout(timeout) as deadline:

@@ -12,13 +12,16 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol import META_KEY, ToolMeta, VerifyRequest, get_tool_meta
 from protocol.messages import verify_request_from_dict
 from protocol.tool import with_overrides
 from tool_server.config import ConfigError, ToolSpec
 from tool_server.schema import Signature, derive_signature
+
+if TYPE_CHECKING:
+    from tool_server.upstream import UpstreamTool
 
 VERIFIER_PREFIX = "verify_"
 VERIFIERS_TOOLSET = "verifiers"
@@ -77,6 +80,9 @@ class ToolEntry:
     toolsets: set[str] = field(default_factory=set)
     instance: Any = None  # the object whose startup()/shutdown() the server calls
     upstream: Any = None  # an UpstreamServer, for tools proxied from another MCP server
+    # An upstream tool's MCP descriptor, built once where the tool is known (upstream.py):
+    # served as is (title, annotations, upstream's _meta), with our toolsets added.
+    published: dict[str, Any] | None = None
     # Called right where the call is admitted, without a task, thread or timer: sync,
     # marked non-blocking (bounded, microsecond-scale work), not proxied, and nothing that
     # needs a task's bookkeeping (a session's turn, a per-tool limit). Worked out once here:
@@ -98,6 +104,10 @@ class ToolEntry:
 
     def descriptor(self) -> dict[str, Any]:
         """The MCP ``Tool`` object (as JSON) with our metadata under ``_meta``."""
+        if self.published is not None:
+            meta = self.published["_meta"]
+            ours = {**meta[META_KEY], "toolsets": sorted(self.toolsets)}
+            return {**self.published, "_meta": {**meta, META_KEY: ours}}
         tool: dict[str, Any] = {
             "name": self.name,
             "description": self.description,
@@ -249,30 +259,25 @@ class Registry:
 
     def add_upstream_tool(
         self,
-        descriptor: dict[str, Any],
+        tool: UpstreamTool,
         upstream: Any,
         call: Callable[..., Awaitable[Any]],
         toolsets: Iterable[str] = (),
-    ) -> None:
-        upstream_meta = (descriptor.get("_meta") or {}).get(META_KEY) or {}
-        meta = ToolMeta(
-            name=descriptor["name"],
-            kind="upstream",
-            timeout_s=getattr(upstream, "call_timeout_s", 30.0),
-            idempotent=bool(upstream_meta.get("idempotent", False)),
-        )
-        self.add(
+    ) -> ToolEntry:
+        """Serve one upstream tool as ``upstream.py`` described it (``UpstreamTool``)."""
+        return self.add(
             ToolEntry(
-                name=descriptor["name"],
-                meta=meta,
-                description=descriptor.get("description") or "",
-                input_schema=descriptor.get("inputSchema") or {"type": "object"},
-                output_schema=descriptor.get("outputSchema"),
-                validate=_check_object,
+                name=tool.name,
+                meta=tool.meta,
+                description=tool.description,
+                input_schema=tool.input_schema,
+                output_schema=tool.output_schema,
+                validate=tool.validate,
                 func=call,
                 is_async=True,
-                toolsets={"upstream", f"upstream:{getattr(upstream, 'name', '')}", *toolsets},
+                toolsets={"upstream", f"upstream:{upstream.name}", *toolsets},
                 upstream=upstream,
+                published=tool.descriptor,
             )
         )
 
@@ -293,10 +298,6 @@ class Registry:
 
     def descriptors(self, toolset: str | None = None) -> list[dict[str, Any]]:
         return [self.entries[n].descriptor() for n in self.names_in(toolset)]
-
-
-def _check_object(arguments: dict[str, Any]) -> dict[str, Any]:
-    return arguments
 
 
 def _validate_verify_arguments(name: str, request_param: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -21,9 +21,16 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from protocol import META_KEY, ErrorKind
+from protocol import META_KEY, ErrorKind, ToolMeta
 from tests.support.openai_server import dead_url, serve_in_thread
-from tool_server.upstream import HttpSpec, StdioSpec, UpstreamServer, load_upstreams, parse_spec
+from tool_server.upstream import (
+    HttpSpec,
+    StdioSpec,
+    UpstreamServer,
+    load_upstreams,
+    parse_spec,
+    relevant_stderr,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -137,7 +144,10 @@ def test_environment_references_are_expanded(monkeypatch: pytest.MonkeyPatch) ->
         ("mcp-server-time", "must be an object"),
         ({"command": ""}, "command must be a non-empty string"),
         ({"command": "x", "args": "a b"}, "args must be a list"),
-        ({"command": "x", "autoApprove": []}, "unknown keys ['autoApprove']"),
+        ({"command": "x", "comand": "y"}, "unknown keys ['comand']"),
+        ({"command": "x", "type": "websocket"}, "type must be stdio, http or streamable-http"),
+        ({"command": "x", "url": "http://h/mcp"}, "both 'command' (stdio) and 'url' (HTTP)"),
+        ({"type": "stdio", "command": "x", "url": "http://h/mcp"}, "unknown keys ['url']"),
         ({"url": "ftp://h/mcp"}, "must be an http(s) URL"),
         ({"type": "sse", "url": "http://h/sse"}, "SSE transport is not supported"),
         ({"url": "http://h/mcp", "env": {}}, "unknown keys ['env']"),
@@ -173,15 +183,15 @@ async def test_lists_and_calls_a_third_party_server(time_server: Any) -> None:
     assert up.healthy and len(pids) == 1
     assert up.status()["protocol_version"] == "2026-07-28"
     tools = {t["name"]: t for t in up.tools}
-    assert set(tools) == {"time.get_current_time", "time.convert_time"}
-    current = tools["time.get_current_time"]
+    assert set(tools) == {"time__get_current_time", "time__convert_time"}
+    current = tools["time__get_current_time"]
     assert current["inputSchema"]["required"] == ["timezone"]
     assert "datetime" in current["outputSchema"]["properties"]
     assert current["annotations"]["readOnlyHint"] is True
     meta = current["_meta"][META_KEY]
     assert meta["kind"] == "upstream" and meta["upstream"] == "time" and meta["idempotent"] is True
-    assert up.local_name("time.get_current_time") == "get_current_time"
-    assert up.local_name("other.get_current_time") is None
+    assert up.local_name("time__get_current_time") == "get_current_time"
+    assert up.local_name("other__get_current_time") is None
 
     now = await up.call("get_current_time", {"timezone": "UTC"}, call_id="c1")
     assert not now.is_error and now.call_id == "c1"
@@ -240,7 +250,7 @@ async def test_hung_subprocess_is_found_by_the_health_probe_and_replaced() -> No
         (pid,) = children() - before
         os.kill(pid, signal.SIGSTOP)  # alive, pipes open, but it answers nothing
         await wait_until(lambda: up.status()["restarts"] >= 1 and up.healthy, timeout_s=30)
-        assert "health check failed" in up.status()["last_error"]
+        assert up.status()["last_error"].startswith("health check failed: no answer to tools/list within 1 s")
         assert pid not in children()  # the hung process was killed, not leaked
         assert not (await up.call("get_current_time", {"timezone": "UTC"})).is_error
     finally:
@@ -291,15 +301,44 @@ async def test_legacy_sdk_server_is_reached_through_the_handshake(legacy_python:
     script = tmp_path / "legacy.py"
     script.write_text(LEGACY_SERVER)
     up = UpstreamServer("legacy", {"command": legacy_python, "args": [str(script)]}, **FAST)
+    before = children()
     await up.start()
     try:
         assert up.healthy, up.status()
         assert up.status()["protocol_version"] == "2025-11-25"  # not the stateless 2026-07-28
-        assert [t["name"] for t in up.tools] == ["legacy.add"]
+        assert [t["name"] for t in up.tools] == ["legacy__add"]
         added = await up.call("add", {"a": 2, "b": 3})
         assert added.text == "5" and added.structured == {"result": 5}
+
+        # It printed a validation error for our server/discover probe, and an INFO line per
+        # request; when it dies, last_error quotes what it said since it came up, minus chatter.
+        (pid,) = children() - before
+        os.kill(pid, signal.SIGKILL)
+        await wait_until(lambda: up.status()["restarts"] >= 1)
+        assert up.status()["last_error"] == "the connection ended (process exited?)"
     finally:
         await up.stop()
+
+
+def test_stderr_excerpt_leaves_out_chatter_and_our_probe() -> None:
+    stderr = (
+        "[11/23/26 13:59:01] INFO     Processing request of type ListToolsRequest\n"
+        "Failed to validate request: 2 validation errors for ClientRequest\n"
+        "PingRequest.method\n"
+        "  Input should be 'ping' [type=literal_error, input_value='server/discover', input_type=str]\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/literal_error\n"
+        "InitializeRequest.params.protocolVersion\n"
+        "  Field required [type=missing, input_value={'_meta': {}}, input_type=dict]\n"
+        "INFO:root:listening\n"
+        "2026-11-23 14:19:14,476 DEBUG asyncio: using selector\n"
+        "Processing request of type CallToolRequest\n"
+        "Traceback (most recent call last):\n"
+        '  File "server.py", line 3, in <module>\n'
+        "KeyError: 'DATABASE_URL'\n"
+    )
+    assert relevant_stderr(stderr) == (
+        "Traceback (most recent call last): File \"server.py\", line 3, in <module> KeyError: 'DATABASE_URL'"
+    )
 
 
 # ---------------------------------------------------------------- broken servers
@@ -334,7 +373,7 @@ async def test_call_timeout_gives_a_timeout_result(sdk_server_script: Path) -> N
     up = UpstreamServer("slow", {"command": sys.executable, "args": [str(sdk_server_script)]}, **FAST)
     await up.start()
     try:
-        assert {t["name"] for t in up.tools} == {"slow.sleep", "slow.shout_out"}
+        assert {t["name"] for t in up.tools} == {"slow__sleep", "slow__shout_out"}
         late = await up.call("sleep", {"seconds": 30}, timeout_s=0.5)
         assert late.is_error and late.error.kind == ErrorKind.TIMEOUT
         assert "0.5 s" in late.error.message
@@ -443,33 +482,49 @@ async def test_http_upstream_going_away_and_coming_back() -> None:
         await up.stop()
 
 
-def test_registry_follows_the_upstream_tool_list() -> None:
-    # The registry side of late registration: tools appear, and tools the upstream
-    # stops offering disappear (from toolsets and listings too), others stay.
-    from tool_server.app import _register_upstream
-    from tool_server.registry import Registry
+def test_registry_follows_the_upstream_tool_lists() -> None:
+    # The registry side of late registration: tools appear, and tools an upstream stops
+    # offering disappear (from toolsets and listings too), others stay. A configured tool
+    # keeps its name; between upstreams the one listed first wins, whatever order they come in.
+    from tool_server.registry import Registry, ToolEntry
+    from tool_server.upstream import Upstreams
 
-    class Listing:  # what _register_upstream reads of an UpstreamServer
-        name = "files"
-        call_timeout_s = 5.0
+    files, other = (UpstreamServer(n, {"command": "x"}, namespace="files") for n in ("files", "other"))
 
-        def __init__(self) -> None:
-            self.tools: list[dict[str, Any]] = []
+    def offer(server: UpstreamServer, *names: str) -> None:
+        server._catalog = server._build_catalog(
+            [{"name": n, "inputSchema": {"type": "object"}} for n in names]
+        )
+        server._tools_changed()
 
-        def local_name(self, name: str) -> str:
-            return name
-
-    registry, upstream, other = Registry(), Listing(), Listing()
-    upstream.tools = [{"name": "files.read", "inputSchema": {"type": "object"}}, {"name": "files.list"}]
-    other.tools = [{"name": "other.ping"}]
-    _register_upstream(registry, upstream, "default")
-    _register_upstream(registry, other, "default")
-    assert set(registry.entries) == {"files.read", "files.list", "other.ping"}
+    registry = Registry()
+    registry.add(ToolEntry("files__mine", ToolMeta(), "", {}, None, dict, print, False, toolsets={"default"}))
+    upstreams = Upstreams([files, other], registry, ["default"])
+    offer(other, "read", "ping")  # the later server comes up first and takes files__read
+    offer(files, "read", "list", "mine")
+    assert registry.get("files__read").upstream is files and registry.get("files__ping").upstream is other
+    assert registry.get("files__mine").upstream is None
+    assert upstreams.clashes(files) == [
+        "'files__mine' (tool 'mine') clashes with the configured tool of that name; not exposed: "
+        "give mcpServers.files a namespace, or the tool another name"
+    ]
+    assert upstreams.clashes(other) == [
+        "'files__read' (tool 'read') clashes with the same name from upstream 'files', listed earlier in "
+        "mcpServers; not exposed: give mcpServers.other another namespace"
+    ]
     version = registry.version
 
-    upstream.tools = [{"name": "files.list"}, {"name": "files.stat"}]
-    _register_upstream(registry, upstream, "default")
-    assert set(registry.entries) == {"files.list", "files.stat", "other.ping"}
-    assert registry.toolsets["default"] == {"files.list", "files.stat", "other.ping"}
-    assert "files.read" not in registry.toolsets["upstream"]
+    offer(files, "list", "stat")  # read goes: other's read takes the name back
+    assert set(registry.entries) == {
+        "files__mine",
+        "files__list",
+        "files__stat",
+        "files__read",
+        "files__ping",
+    }
+    assert registry.get("files__read").upstream is other and upstreams.clashes(other) == []
+    assert registry.toolsets["upstream:files"] == {"files__list", "files__stat"}
     assert registry.version > version  # cached MCP listings are rebuilt
+    version = registry.version
+    offer(files, "list", "stat")  # the same list again changes nothing
+    assert registry.version == version
