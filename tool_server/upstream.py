@@ -1148,6 +1148,8 @@ class Upstreams:
         self.servers = servers
         self.registry = registry
         self.toolsets = list(toolsets)
+        # Called after the registry changed: e.g. the MCP endpoint's tools/list_changed event.
+        self.listeners: list[Callable[[], None]] = []
         for server in servers:
             server.on_tools_changed = self.reconcile
 
@@ -1160,6 +1162,7 @@ class Upstreams:
 
     def reconcile(self, _changed: UpstreamServer | None = None) -> None:
         """Make the registry's upstream tools match the servers' current lists."""
+        version = self.registry.version
         wanted: dict[str, tuple[UpstreamServer, UpstreamTool]] = {}
         for server in self.servers:  # config order: an earlier server wins a name
             for tool in server.catalog:
@@ -1175,6 +1178,9 @@ class Upstreams:
         for name, (server, tool) in wanted.items():
             if name not in self.registry:
                 self.registry.add_upstream_tool(tool, server, _invoker(server, tool), self.toolsets)
+        if self.registry.version != version:
+            for listener in self.listeners:
+                listener()
 
     def clashes(self, server: UpstreamServer) -> list[str]:
         """Why some of the server's tools are not exposed: another tool has the name."""

@@ -500,6 +500,8 @@ def test_registry_follows_the_upstream_tool_lists() -> None:
     registry = Registry()
     registry.add(ToolEntry("files__mine", ToolMeta(), "", {}, None, dict, print, False, toolsets={"default"}))
     upstreams = Upstreams([files, other], registry, ["default"])
+    changes: list[int] = []
+    upstreams.listeners.append(lambda: changes.append(registry.version))
     offer(other, "read", "ping")  # the later server comes up first and takes files__read
     offer(files, "read", "list", "mine")
     assert registry.get("files__read").upstream is files and registry.get("files__ping").upstream is other
@@ -526,5 +528,5 @@ def test_registry_follows_the_upstream_tool_lists() -> None:
     assert registry.toolsets["upstream:files"] == {"files__list", "files__stat"}
     assert registry.version > version  # cached MCP listings are rebuilt
     version = registry.version
-    offer(files, "list", "stat")  # the same list again changes nothing
-    assert registry.version == version
+    offer(files, "list", "stat")  # the same list again changes nothing, and tells nobody
+    assert registry.version == version and changes[-1] == version and len(changes) == 3
