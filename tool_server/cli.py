@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from tool_server.auth import is_loopback, load_tokens
+from tool_server.auth import bound_addresses, is_loopback, load_tokens
 from tool_server.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
 
@@ -160,13 +160,27 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
 
     from tool_server.app import create_app
 
-    host = args.host or config.server.host
+    host = args.host if args.host is not None else config.server.host
     port = config.server.port if args.port is None else args.port
+    if host is None:
+        print(
+            "tool-server: server.host is empty (an empty TOOLFACTORY__SERVER__HOST?). Give the address "
+            "to listen on: 127.0.0.1 for this machine only, 0.0.0.0 for every interface (needs tokens).",
+            file=sys.stderr,
+        )
+        return 2
+    addresses = bound_addresses(host, port)
+    if not addresses:
+        print(f"tool-server: cannot resolve the bind address {host!r}", file=sys.stderr)
+        return 2
     insecure = args.insecure or config.server.insecure
+    # Decided from the addresses the listener binds, not from the spelling of host
+    # ("" binds every interface).
     if not is_loopback(host) and not load_tokens(config.auth) and not insecure:
         print(
-            f"tool-server: refusing to bind {host} without auth. Set tokens in ${config.auth.tokens_env} "
-            "(e.g. TOOLFACTORY_TOKENS=<secret of 16+ chars>) or auth.tokens_file, or pass --insecure.",
+            f"tool-server: refusing to bind {host!r} ({', '.join(addresses)}) without auth. Set tokens in "
+            f"${config.auth.tokens_env} (e.g. TOOLFACTORY_TOKENS=<secret of 16+ chars>) or "
+            "auth.tokens_file, or pass --insecure.",
             file=sys.stderr,
         )
         return 2
@@ -177,6 +191,8 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     tune_gc(config.server.gc_threshold)
     from tool_server.connections import guarded_protocol, limits_from_config
 
+    protocol = guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s))
+    app.state.connection_guard = protocol.guard  # its counts go to /metrics
     uvicorn.run(
         app,
         host=host,
@@ -186,7 +202,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
         timeout_graceful_shutdown=config.server.shutdown_grace_s,
         # Header/body timeouts and the connection cap live in the protocol; uvicorn's own
         # limit_concurrency would also count in-flight requests (see connections.py).
-        http=guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s)),
+        http=protocol,
         timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # a float works
         limit_concurrency=None,
         backlog=4096,
