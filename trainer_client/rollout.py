@@ -6,7 +6,8 @@ so a slow tool or a long generation in one trajectory never blocks another. Per 
 1. **Generate** from ``prompt_ids + response_ids`` (token ids in, ids + log-probs out). The
    generated ids are appended as they are (mask 1, their log-probs); they are decoded
    only to be parsed.
-2. **Parse** the turn's text with the configured format; malformed calls become error
+2. **Parse** the turn's text with the configured format (given the task's tool schemas);
+   malformed calls, and calls whose arguments cannot travel as JSON, become error
    observations for the model, never exceptions.
 3. **Invoke** the calls through a ``ToolInvoker`` (the batched HTTP client, or anything
    with the same two methods), with the trajectory's session id on every call.
@@ -21,9 +22,10 @@ released at the end of every trajectory, also when generation or a tool fails.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
@@ -32,7 +34,7 @@ import orjson
 
 import protocol
 from trainer_client.backends.base import STOP_ABORTED, STOP_LENGTH, Generator
-from trainer_client.parsers import ParsedCall, ToolCallParser, get_parser
+from trainer_client.parsers import ParsedCall, ParseOutcome, ToolCallParser, check_call, get_parser
 from trainer_client.templates import ObservationRenderer, make_renderer
 
 logger = logging.getLogger(__name__)
@@ -173,6 +175,7 @@ class RolloutCore:
         self.invoker = invoker
         self.verifier = verifier
         self.parser = parser or get_parser(self.config.format, **self.config.parser_options)
+        self._parse = _parse_function(self.parser)
         self.renderer = renderer or make_renderer(
             tokenizer, self.config.tool_result_template, chat_template_kwargs=self.config.chat_template_kwargs
         )
@@ -261,7 +264,7 @@ class RolloutCore:
 
             ended_with_eos = bool(turn_ids) and turn_ids[-1] in self.eos_token_ids
             text = self.codec.decode(turn_ids[:-1] if ended_with_eos else turn_ids)
-            outcome = self.parser.parse(text)
+            outcome = _checked(self._parse(text, s.task.tools))
             s.messages.append({"role": "assistant", "content": text})
             s.metrics["parse_errors"] += len(outcome.errors)
             s.metrics["client_s"] += time.perf_counter() - cpu_start
@@ -396,6 +399,28 @@ class RolloutCore:
         except Exception as exc:  # the server expires sessions anyway; never mask the result
             logger.warning("releasing session %s failed: %s", s.session_id, exc)
             s.metrics["release_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _parse_function(parser: ToolCallParser) -> Callable[[str, Any], ParseOutcome]:
+    """``parser.parse`` with the task's tool schemas where it takes them (custom parsers
+    may implement ``parse(text)`` only)."""
+    parse: Callable[..., ParseOutcome] = parser.parse
+    try:
+        parameters = inspect.signature(parse).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return lambda text, tools: parse(text)
+    if any(p.name == "tools" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return lambda text, tools: parse(text, tools=tools)
+    return lambda text, tools: parse(text)
+
+
+def _checked(outcome: ParseOutcome) -> ParseOutcome:
+    """The outcome with every call checked to encode as JSON (a custom parser's too): a
+    call that cannot is that call's parse error, and never reaches a batch of calls."""
+    checked = ParseOutcome(errors=list(outcome.errors), final_answer=outcome.final_answer)
+    for call in outcome.calls:
+        checked.add(check_call(call))
+    return checked
 
 
 def _share(available: int, lengths: list[int]) -> list[int | None]:

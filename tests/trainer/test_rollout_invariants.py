@@ -21,6 +21,7 @@ from hypothesis.control import currently_in_test_context
 import protocol
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+from trainer_client.parsers import ParsedCall, ParseOutcome
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
 from trainer_client.templates import SEARCH_R1_TEMPLATE
 
@@ -461,3 +462,71 @@ def test_client_cost_per_turn_is_recorded(smol_tokenizer: Any) -> None:
     tr = asyncio.run(core.run(Task([{"role": "user", "content": "hi"}])))
     assert tr.metrics["client_s"] > 0.0
     assert tr.metrics["generate_s"] >= 0.0 and tr.metrics["tool_s"] > 0.0
+
+
+# --------------------------------------------------------------------------- calls that cannot be sent
+
+
+def test_an_unserialisable_call_is_a_parse_error_and_its_neighbour_runs(smol_tokenizer: Any) -> None:
+    """Even a custom parser's output is checked before it can join a batch of calls."""
+
+    class LooseParser:
+        name = "loose"
+        stop_strings = ("</answer>",)
+
+        def parse(self, text: str) -> ParseOutcome:
+            if "<answer>" in text:
+                return ParseOutcome(final_answer="5")
+            return ParseOutcome(
+                calls=[ParsedCall("echo", {"text": {"1+1"}}), ParsedCall("add", {"a": 2, "b": 3})]
+            )
+
+    invoker = InProcessInvoker(TOOLS)
+    generator = ScriptedGenerator(
+        [ScriptedTurn(encode(smol_tokenizer, t)) for t in ("calls", "<answer>5</answer>")],
+        tokenizer=smol_tokenizer,
+        eos_token_ids=[EOS],
+    )
+    core = RolloutCore(smol_tokenizer, generator, invoker, parser=LooseParser())  # type: ignore[arg-type]
+    tr = asyncio.run(core.run(Task([{"role": "user", "content": "hi"}])))
+    assert tr.stop_reason == StopReason.ANSWER
+    assert [(c.name, c.arguments) for c in invoker.calls] == [("add", {"a": 2, "b": 3})]
+    assert [m["content"] for m in tr.messages if m["role"] == "tool"] == [
+        "5",
+        "Error: echo: argument text cannot be sent as JSON: a set is not JSON; use a list",
+    ]
+    assert tr.metrics["parse_errors"] == 1
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        "<tool_call>" + "[" * 1000 + "</tool_call>",
+        '<tool_call>{"name": "echo", "arguments": {"text": ' + "[" * 1000,
+        "<tool_call>{'name': 'echo', 'arguments': {'text': " + "-" * 3000 + "1}}</tool_call>",
+    ],
+)
+def test_deeply_nested_calls_do_not_end_the_trajectory(smol_tokenizer: Any, turn: str) -> None:
+    invoker = InProcessInvoker(TOOLS)
+    core, generator = _core(smol_tokenizer, [turn, "<answer>x</answer>"], invoker)
+    tr = asyncio.run(core.run(Task([{"role": "user", "content": "hi"}])))
+    assert (tr.stop_reason, tr.error) == (StopReason.ANSWER, None)
+    assert tr.metrics["parse_errors"] == 1 and invoker.calls == []
+    check_trajectory(tr, smol_tokenizer, generator, invoker, core)
+
+
+def test_pythonic_positional_arguments_bind_to_the_task_schema(smol_tokenizer: Any) -> None:
+    add_schema = {
+        "type": "function",
+        "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {}, "b": {}}}},
+    }
+    invoker = InProcessInvoker(TOOLS)
+    core, _ = _core(smol_tokenizer, ["[add(2, b=3)]", "<answer>5</answer>"], invoker, format="pythonic")
+    tr = asyncio.run(core.run(Task([{"role": "user", "content": "2+3?"}], tools=[add_schema])))
+    assert [(c.name, c.arguments) for c in invoker.calls] == [("add", {"a": 2, "b": 3})]
+    assert tr.stop_reason == StopReason.ANSWER
+    core, _ = _core(
+        smol_tokenizer, ["[add(2, b=3)]", "<answer>5</answer>"], InProcessInvoker(TOOLS), format="pythonic"
+    )
+    without = asyncio.run(core.run(Task([{"role": "user", "content": "2+3?"}])))
+    assert "uses positional arguments" in next(m["content"] for m in without.messages if m["role"] == "tool")

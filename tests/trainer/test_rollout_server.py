@@ -1,0 +1,75 @@
+"""The rollout core against a real tool server through the batched ``ToolClient``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.server import running_server
+from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+from trainer_client.client import ToolClient
+from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+
+EOS = 2  # <|im_end|> in SmolLM2
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer.backend_tokenizer.encode(text, add_special_tokens=False).ids
+
+
+async def _roll_out(tokenizer: Any, url: str, scripts: dict[str, list[str]], fmt: str) -> list[Trajectory]:
+    """One trajectory per script, concurrently, so their calls share POSTs."""
+    turns = {q: [ScriptedTurn(_encode(tokenizer, t) + [EOS]) for t in texts] for q, texts in scripts.items()}
+
+    def script(prompt_ids: list[int]) -> list[ScriptedTurn]:
+        prompt = tokenizer.decode(prompt_ids)
+        return next(t for q, t in turns.items() if q in prompt)
+
+    generator = ScriptedGenerator(script, tokenizer=tokenizer, eos_token_ids=[EOS])
+    async with ToolClient(url) as client:
+        core = RolloutCore(tokenizer, generator, client, RolloutConfig(format=fmt, max_turns=2))
+        tasks = [Task([{"role": "user", "content": q}]) for q in scripts]
+        return await core.run_batch(tasks)
+
+
+def _tool_texts(trajectory: Trajectory) -> list[str]:
+    return [m["content"] for m in trajectory.messages if m["role"] == "tool"]
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    with running_server() as server:
+        yield server.url
+
+
+@pytest.mark.parametrize(
+    ("fmt", "bad_call", "good_call", "reason"),
+    [
+        (
+            "pythonic",
+            "[calculator(expression={'1+1'})]",
+            "[calculator(expression='2+3')]",
+            "a set is not JSON; use a list",
+        ),
+        (
+            "hermes",
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "\\ud83d"}}</tool_call>',
+            '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>',
+            "the string holds a lone surrogate (not valid UTF-8)",
+        ),
+    ],
+)
+def test_an_unserialisable_call_does_not_fail_its_neighbours_post(
+    smol_tokenizer: Any, server_url: str, fmt: str, bad_call: str, good_call: str, reason: str
+) -> None:
+    scripts = {
+        "question one": [bad_call, "<answer>2</answer>"],
+        "question two": [good_call, "<answer>5</answer>"],
+    }
+    bad, good = asyncio.run(_roll_out(smol_tokenizer, server_url, scripts, fmt))
+    assert [bad.stop_reason, good.stop_reason] == [StopReason.ANSWER, StopReason.ANSWER]
+    assert _tool_texts(good) == ["5"]
+    assert _tool_texts(bad) == [f"Error: calculator: argument expression cannot be sent as JSON: {reason}"]
