@@ -9,6 +9,9 @@ inside ``run`` so that ``--help`` stays instant. Other modules add subcommands w
     trainer-client rollout --server http://127.0.0.1:8000 --data arithmetic/test.parquet \\
         --format hermes --verifier math_equal --limit 8 --n 2 --out runs/arith.jsonl
     trainer-client show runs/arith.jsonl --index 3
+
+``rollout --script turns.jsonl`` replays scripted assistant turns instead of a model, so a
+toolset and its verifier can be tested end to end without one (see ``load_script``).
 """
 
 from __future__ import annotations
@@ -176,6 +179,10 @@ def read_records(path: str | Path) -> Iterator[dict[str, Any]]:
                     raise CliError(f"{path}:{number} is not valid JSON: {exc}") from None
 
 
+ToolsFor = Callable[[TaskRow], list[dict[str, Any]] | None]
+SessionFor = Callable[[TaskRow, int], str]
+
+
 async def rollout_rows(
     core: Any,
     rows: Sequence[TaskRow],
@@ -184,8 +191,14 @@ async def rollout_rows(
     verifier: str | None,
     concurrency: int,
     on_record: Callable[[dict[str, Any]], None],
+    tools_for: ToolsFor | None = None,
+    session_for: SessionFor | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``n`` samples of every row concurrently (at most ``concurrency`` at once)."""
+    """Run ``n`` samples of every row concurrently (at most ``concurrency`` at once).
+
+    ``tools_for`` gives a row's tool schemas for the chat template (``tool_chooser``);
+    ``session_for`` its trajectory id (a scripted backend keys its turns by it).
+    """
     from trainer_client.rollout import Task
 
     gate = asyncio.Semaphore(max(1, concurrency))
@@ -193,10 +206,15 @@ async def rollout_rows(
 
     async def one(row: TaskRow, sample: int) -> dict[str, Any]:
         task = Task(
-            messages=row.messages, ground_truth=row.ground_truth, verifier=verifier, metadata=row.extra_info
+            messages=row.messages,
+            ground_truth=row.ground_truth,
+            tools=tools_for(row) if tools_for else None,
+            verifier=verifier,
+            metadata=row.extra_info,
         )
+        session_id = session_for(row, sample) if session_for else None
         async with gate:
-            trajectory = await core.run(task)
+            trajectory = await core.run(task, session_id=session_id)
         record = trajectory_record(trajectory, row, sample, decode)
         on_record(record)
         return record
@@ -226,6 +244,7 @@ def _positive(text: str) -> int:
 
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     from trainer_client.parsers import parser_names
+    from trainer_client.templates import TOOL_SCHEMA_MODES
 
     io = parser.add_argument_group("server and data")
     io.add_argument(
@@ -241,10 +260,34 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     io.add_argument("--limit", type=_positive, default=None, metavar="K", help="use the first K prompts only")
     io.add_argument("--offset", type=int, default=0, help="skip this many prompts first (default 0)")
     io.add_argument("--out", default=None, help="trajectories JSONL (default runs/rollout-<time>.jsonl)")
+    io.add_argument(
+        "--toolset",
+        default=None,
+        help="server toolset whose tool schemas the prompt may show (default: the server's default)",
+    )
 
     model = parser.add_argument_group("model and format")
     model.add_argument(
-        "--model", default="smollm2", help="'smollm2' (packaged SmolLM2-135M-Instruct) or a local HF dir"
+        "--model",
+        default="smollm2",
+        help="'smollm2' (packaged SmolLM2-135M-Instruct) or a local HF dir; with --script, only its "
+        "tokenizer and chat template are used",
+    )
+    model.add_argument(
+        "--script",
+        default=None,
+        metavar="JSONL",
+        help="replay scripted assistant turns instead of generating (no model needed): one JSON list of "
+        'turn texts per dataset row, line N for row N, or {"index": N, "turns": [...]} lines; '
+        '{"turns": [...]} without an index is the default for every other row',
+    )
+    model.add_argument(
+        "--tool-schemas",
+        choices=TOOL_SCHEMA_MODES,
+        default="auto",
+        help="tool schemas shown through the chat template's tools= support: 'auto' (default) the "
+        "server's when the template renders tools and the prompt does not already name them, 'server' "
+        "always, 'none' never; a dataset's extra_info.tools are used unless 'none'",
     )
     model.add_argument(
         "--format",
@@ -318,49 +361,59 @@ def run_rollout(args: argparse.Namespace) -> int:
     rows = load_tasks(args.data, limit=args.limit, offset=args.offset)
     if not rows:
         raise CliError(f"{args.data} has no rows in the selected range")
+    script = load_script(args.script, rows) if args.script else None
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}.jsonl").expanduser()
-    summary = asyncio.run(_rollout(args, urls, rows, out))
+    summary = asyncio.run(_rollout(args, urls, rows, out, script))
     print(format_summary(summary, title=f"rollout summary ({out})"))
     return 0
 
 
+def rollout_config(args: argparse.Namespace) -> Any:
+    from trainer_client.rollout import RolloutConfig
+
+    return RolloutConfig(
+        format=args.format,
+        max_turns=args.max_turns,
+        max_obs_tokens=args.max_obs_tokens,
+        response_length=args.response_length,
+        sampling_params={"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens},
+        tool_result_template=default_template(args.format, args.tool_result_template),
+        toolset=args.toolset,
+        verifier=args.verifier,
+        verifier_arguments=args.verifier_args,
+    )
+
+
 async def _rollout(
-    args: argparse.Namespace, urls: list[str], rows: list[TaskRow], out: Path
+    args: argparse.Namespace,
+    urls: list[str],
+    rows: list[TaskRow],
+    out: Path,
+    script: dict[int, list[str]] | None,
 ) -> dict[str, Any]:
     from trainer_client.client import ToolClient
+    from trainer_client.rollout import RolloutCore
 
-    async with ToolClient(urls, token=args.token) as client:
+    async with ToolClient(urls, token=args.token, toolset=args.toolset) as client:
         health = await client.check_health()
         if not any(health.values()):
             raise CliError(
                 f"cannot reach the tool server at {', '.join(urls)} (start one with: tool-server serve)"
             )
-        import torch
-
-        from trainer_client.backends.hf import HFGenerator
-        from trainer_client.models import load_model
-        from trainer_client.rollout import RolloutConfig, RolloutCore
-
-        torch.manual_seed(args.seed)
-        tokenizer, model = load_model(args.model)
-        generator = HFGenerator(
-            model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
+        config = rollout_config(args)
+        if script is not None:
+            tokenizer, generator, renderer, session_for = scripted_backend(args, config, script)
+        else:
+            tokenizer, generator, renderer, session_for = hf_backend(args, config)
+        core = RolloutCore(
+            tokenizer,
+            generator,
+            client,
+            config,
+            verifier=client if args.verifier else None,
+            renderer=renderer,
         )
-        config = RolloutConfig(
-            format=args.format,
-            max_turns=args.max_turns,
-            max_obs_tokens=args.max_obs_tokens,
-            response_length=args.response_length,
-            sampling_params={
-                "temperature": args.temperature,
-                "top_p": args.top_p,
-                "max_tokens": args.max_tokens,
-            },
-            tool_result_template=default_template(args.format, args.tool_result_template),
-            verifier=args.verifier,
-            verifier_arguments=args.verifier_args,
-        )
-        core = RolloutCore(tokenizer, generator, client, config, verifier=client if args.verifier else None)
+        tools_for = await tool_chooser(client, core, args.tool_schemas, args.toolset)
         try:
             records, wall = await run_and_write(
                 core,
@@ -370,14 +423,143 @@ async def _rollout(
                 verifier=args.verifier,
                 concurrency=args.concurrency,
                 progress=not args.no_progress,
+                tools_for=tools_for,
+                session_for=session_for,
             )
         finally:
-            await generator.aclose()
+            aclose = getattr(generator, "aclose", None)
+            if aclose is not None:
+                await aclose()
         summary = summarize(
             records, wall_s=wall, client_metrics=client.metrics(), success_threshold=args.success_threshold
         )
     out.with_suffix(".summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return summary
+
+
+def hf_backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any, Any, None]:
+    """SmolLM2 or a local HF model on the CPU: (tokenizer, generator, renderer, None)."""
+    import torch
+
+    from trainer_client.backends.hf import HFGenerator
+    from trainer_client.models import load_model
+    from trainer_client.templates import make_renderer
+
+    torch.manual_seed(args.seed)
+    tokenizer, model = load_model(args.model)
+    generator = HFGenerator(
+        model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
+    )
+    renderer = make_renderer(
+        tokenizer, config.tool_result_template, chat_template_kwargs=config.chat_template_kwargs
+    )
+    return tokenizer, generator, renderer, None
+
+
+async def tool_chooser(client: Any, core: Any, mode: str, toolset: str | None) -> ToolsFor:
+    """The tool schemas each row shows the model (``templates.prompt_tools``); the
+    server's descriptors are fetched once, from ``/v1/tools``."""
+    from trainer_client.templates import openai_tool_schemas, prompt_tools
+
+    server_tools = openai_tool_schemas(await client.list_tools(toolset)) if mode != "none" else None
+    renders_tools = core.renderer.renders_tools
+
+    def choose(row: TaskRow) -> list[dict[str, Any]] | None:
+        dataset_tools = row.extra_info.get("tools")
+        return prompt_tools(
+            mode,
+            messages=row.messages,
+            dataset_tools=dataset_tools if isinstance(dataset_tools, list) else None,
+            server_tools=server_tools,
+            renders_tools=renders_tools,
+            format=core.config.format,
+        )
+
+    return choose
+
+
+# ----------------------------------------------------------------------------- scripted backend
+
+
+def load_script(path: str | Path, rows: Sequence[TaskRow]) -> dict[int, list[str]]:
+    """Scripted assistant turns per dataset row index, from a JSONL file.
+
+    Each line is a JSON list of turn texts (line N is row N), or an object
+    ``{"index": N, "turns": [...]}``; ``{"turns": [...]}`` without an index is the
+    default for every row without its own turns. Every selected row must get turns.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise CliError(f"script {path} not found")
+    by_index: dict[int, list[str]] = {}
+    default: list[str] | None = None
+    for line_number, entry in enumerate(read_records(path)):
+        index, turns = _script_entry(entry, line_number, path)
+        if index is None:
+            default = turns
+        else:
+            by_index[index] = turns
+    missing = [row.index for row in rows if row.index not in by_index and default is None]
+    if missing:
+        raise CliError(
+            f'{path} has no turns for dataset row(s) {missing[:10]} and no default {{"turns": ...}}'
+        )
+    return {row.index: by_index.get(row.index, default or []) for row in rows}
+
+
+def _script_entry(entry: Any, line_number: int, path: Path) -> tuple[int | None, list[str]]:
+    where = f"{path} entry {line_number}"
+    if isinstance(entry, list):
+        index: Any = line_number
+        turns = entry
+    elif isinstance(entry, dict) and "turns" in entry:
+        index, turns = entry.get("index"), entry["turns"]
+    else:
+        raise CliError(f'{where}: expected a list of turn texts or {{"index": N, "turns": [...]}}')
+    if index is not None and (not isinstance(index, int) or isinstance(index, bool)):
+        raise CliError(f"{where}: index must be an integer, got {index!r}")
+    if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise CliError(f"{where}: turns must be a list of strings (the assistant's texts)")
+    return index, turns
+
+
+def scripted_backend(
+    args: argparse.Namespace, config: Any, script: dict[int, list[str]]
+) -> tuple[Any, Any, Any, SessionFor]:
+    """A ``ScriptedGenerator`` replaying each row's turns: (tokenizer, generator, renderer,
+    session_for). Every turn ends with the end-of-turn token, as a model's would, unless a
+    stop string (``</tool_call>``, ``</answer>``) ends it first."""
+    from protocol import new_session_id
+    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+    from trainer_client.models import load_tokenizer
+    from trainer_client.templates import make_renderer
+
+    tokenizer = load_tokenizer(args.model)
+    renderer = make_renderer(
+        tokenizer, config.tool_result_template, chat_template_kwargs=config.chat_template_kwargs
+    )
+    end = _end_of_turn_id(renderer, tokenizer)
+    generator = ScriptedGenerator([], tokenizer=tokenizer, eos_token_ids=[end])
+    turns = {
+        index: [ScriptedTurn(renderer.codec.encode(text) + [end]) for text in texts]
+        for index, texts in script.items()
+    }
+
+    def session_for(row: TaskRow, sample: int) -> str:
+        session = new_session_id()
+        generator.assign(session, turns[row.index])
+        return session
+
+    return tokenizer, generator, renderer, session_for
+
+
+def _end_of_turn_id(renderer: Any, tokenizer: Any) -> int:
+    """The token a chat model ends its turn with (ChatML: ``<|im_end|>``)."""
+    if renderer.turn_end_ids and renderer.turn_end_ids[0] in renderer.eos_token_ids:
+        return int(renderer.turn_end_ids[0])
+    if renderer.eos_token_ids:
+        return min(renderer.eos_token_ids)
+    raise CliError("the tokenizer has no end-of-turn token; a scripted rollout needs one")
 
 
 async def run_and_write(
@@ -390,6 +572,8 @@ async def run_and_write(
     concurrency: int,
     progress: bool = True,
     description: str = "trajectories",
+    tools_for: ToolsFor | None = None,
+    session_for: SessionFor | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
     """Roll out and append each record to ``out`` as it finishes; returns (records, wall s)."""
     from tqdm import tqdm
@@ -410,7 +594,14 @@ async def run_and_write(
         started = time.perf_counter()
         try:
             records = await rollout_rows(
-                core, rows, n, verifier=verifier, concurrency=concurrency, on_record=on_record
+                core,
+                rows,
+                n,
+                verifier=verifier,
+                concurrency=concurrency,
+                on_record=on_record,
+                tools_for=tools_for,
+                session_for=session_for,
             )
         finally:
             bar.close()
@@ -526,9 +717,10 @@ register_subcommand(
         "roll out a model on a dataset against a tool server; writes trajectories and a summary",
         add_rollout_arguments,
         run_rollout,
-        description="Generate multi-turn trajectories with a local model (CPU, HF transformers), run the "
-        "model's tool calls on the tool server, score them with a server verifier, and write one JSON "
-        "line per trajectory (ids, loss mask, messages, reward, metrics) plus <out>.summary.json.",
+        description="Generate multi-turn trajectories with a local model (CPU, HF transformers) or replay "
+        "scripted turns (--script), run the tool calls on the tool server, score them with a server "
+        "verifier, and write one JSON line per trajectory (ids, loss mask, messages, reward, metrics) plus "
+        "<out>.summary.json.",
     )
 )
 register_subcommand(

@@ -33,8 +33,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from trainer_client.cli import CliError, load_tasks, run_and_write
+from trainer_client.cli import CliError, load_tasks, run_and_write, tool_chooser
 from trainer_client.summary import format_summary, summarize
+from trainer_client.templates import TOOL_SCHEMA_MODES
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,7 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
                 verifier_arguments=task.verifier_arguments,
             )
             core = RolloutCore(tokenizer, generator, client, config, verifier=client)
+            tools_for = await tool_chooser(client, core, args.tool_schemas, None)
             out = out_dir / f"{task.name}.jsonl"
             records, wall = await run_and_write(
                 core,
@@ -188,6 +190,7 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
                 concurrency=args.concurrency,
                 progress=not args.no_progress,
                 description=task.name,
+                tools_for=tools_for,
             )
             results[task.name] = {"records": records, "wall_s": wall, "out": out}
 
@@ -258,6 +261,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--batch-size", type=int, default=8, help="generation batch size (default 8)")
     parser.add_argument("--concurrency", type=int, default=16, help="trajectories in flight (default 16)")
+    parser.add_argument(
+        "--tool-schemas",
+        choices=TOOL_SCHEMA_MODES,
+        default="auto",
+        help="tool schemas through the chat template (default auto: only where the template renders "
+        "them and the prompt does not describe the tools already, so SmolLM2's prompts are unchanged)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

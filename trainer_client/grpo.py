@@ -53,6 +53,7 @@ import torch.utils.checkpoint
 
 from trainer_client.backends.hf import HFGenerator
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
+from trainer_client.templates import TOOL_SCHEMA_MODES, openai_tool_schemas, prompt_tools
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class GRPOConfig:
     # rollout
     format: str = "hermes"
     toolset: str | None = None
+    tool_schemas: str = "auto"  # tool schemas in the prompt: auto | server | none (templates.prompt_tools)
     max_turns: int = 4
     max_calls_per_turn: int = 4
     max_obs_tokens: int = 128
@@ -161,6 +163,10 @@ class GRPOConfig:
             raise ValueError("kl_coef and entropy_coeff must not be negative")
         if self.eval_every < 0 or self.save_every < 0:
             raise ValueError("eval_every and save_every must be >= 0 (0 disables)")
+        if self.tool_schemas not in TOOL_SCHEMA_MODES:
+            raise ValueError(
+                f"GRPOConfig.tool_schemas must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {self.tool_schemas!r}"
+            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
@@ -865,6 +871,7 @@ class GRPOTrainer:
             self.eval_core = RolloutCore(
                 self.tokenizer, self.generator, invoker, cfg.rollout_config(eval_mode=True), verifier=invoker
             )
+            await self._choose_tool_schemas(invoker)
             self.greedy_core = None
             if cfg.greedy_eval and cfg.eval_temperature > 0:
                 self.greedy_core = RolloutCore(
@@ -910,6 +917,25 @@ class GRPOTrainer:
         summary["wall_s_this_process"] = time.perf_counter() - started
         (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    async def _choose_tool_schemas(self, invoker: Any) -> None:
+        """Give every task the tool schemas its prompt shows (``config.tool_schemas``): the
+        dataset's ``extra_info.tools``, else the toolset's from the server's ``/v1/tools``."""
+        cfg = self.config
+        server_tools = None
+        if cfg.tool_schemas != "none" and hasattr(invoker, "list_tools"):
+            server_tools = openai_tool_schemas(await invoker.list_tools(cfg.toolset))
+        renders_tools = self.train_core.renderer.renders_tools
+        for task in self.train_tasks + self.eval_tasks:
+            dataset_tools = task.metadata.get("tools")
+            task.tools = prompt_tools(
+                cfg.tool_schemas,
+                messages=task.messages,
+                dataset_tools=dataset_tools if isinstance(dataset_tools, list) else None,
+                server_tools=server_tools,
+                renders_tools=renders_tools,
+                format=cfg.format,
+            )
 
     async def train_step(self) -> dict[str, Any]:
         """One rollout + one optimizer step; returns the logged record."""

@@ -56,6 +56,12 @@ _FLAGS: dict[str, tuple[str, Any, str]] = {
     "--entropy-coeff": ("entropy_coeff", float, "entropy bonus coefficient (default 0)"),
     "--format": ("format", str, "tool-call format: hermes (default), search_r1, llama3_json, pythonic"),
     "--toolset": ("toolset", str, "server toolset the model may use"),
+    "--tool-schemas": (
+        "tool_schemas",
+        str,
+        "tool schemas through the chat template: auto (default: where the template renders them and "
+        "the prompt does not name the tools), server (always), none",
+    ),
     "--max-turns": ("max_turns", int, "assistant turns per trajectory (default 4)"),
     "--max-calls-per-turn": ("max_calls_per_turn", int, "tool calls run per turn (default 4)"),
     "--max-obs-tokens": ("max_obs_tokens", int, "tokens one observation turn may add (default 128)"),

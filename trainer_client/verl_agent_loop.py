@@ -50,6 +50,7 @@ from verl.experimental.agent_loop.agent_loop import (
 from trainer_client import verl_config
 from trainer_client.client import ToolClient
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
+from trainer_client.templates import openai_tool_schemas
 from trainer_client.verl_config import AGENT_NAME, LoopSettings, plain
 
 logger = logging.getLogger(__name__)
@@ -122,21 +123,6 @@ def _core_for(tokenizer: Any, generator: Any, client: ToolClient, config: Rollou
     return core
 
 
-def openai_tool_schemas(descriptors: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """MCP tool descriptors -> the ``{"type": "function", ...}`` schemas chat templates expect."""
-    return [
-        {
-            "type": "function",
-            "function": {
-                "name": d["name"],
-                "description": d.get("description") or "",
-                "parameters": d.get("inputSchema") or {"type": "object", "properties": {}},
-            },
-        }
-        for d in descriptors
-    ]
-
-
 # --------------------------------------------------------------------------- the loop
 
 
@@ -199,7 +185,7 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         if not isinstance(messages, list) or not messages:
             raise ValueError("the toolfactory agent loop needs raw_prompt (chat messages) from the dataset")
         reward_model = plain(kwargs.get("reward_model")) or {}
-        tools = list(settings.tools) if settings.tools is not None else None
+        tools = openai_tool_schemas(settings.tools) if settings.tools is not None else None
         if tools is None and settings.tool_schemas == "server":
             key = (settings.server_urls, settings.toolset)
             if key not in _TOOL_SCHEMAS:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -182,3 +184,115 @@ def test_rollout_with_smollm2_on_two_tasks(arithmetic_data: Path, tmp_path: Path
         assert record["segments"][0]["model"] and record["segments"][0]["text"].startswith(first_turn)
     summary = orjson.loads(out.with_suffix(".summary.json").read_bytes())
     assert summary["trajectories"] == 2 and summary["scored"] == 2
+
+
+# --------------------------------------------------------------------------- scripted rollouts
+
+
+def write_script(path: Path, entries: list) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(e) + b"\n" for e in entries))
+    return path
+
+
+def calculator_call(expression: str) -> str:
+    return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def calculator_server() -> Iterator[str]:
+    config = server_config(verifiers=[{"target": "tools.verifiers.math:math_equal"}])
+    with running_server(config) as server:
+        yield server.url
+
+
+def test_scripted_rollout_tests_a_toolset_and_its_verifier_without_a_model(
+    arithmetic_data: Path, calculator_server: str, tmp_path: Path
+) -> None:
+    import pandas as pd
+
+    frame = pd.read_parquet(arithmetic_data)
+    expression = frame.iloc[0]["extra_info"]["expression"]
+    answer = str(frame.iloc[0]["reward_model"]["ground_truth"])
+    script = write_script(
+        tmp_path / "turns.jsonl",
+        [
+            [calculator_call(expression), f"<answer>{answer}</answer>"],  # line 0: row 0
+            {"index": 2, "turns": ["I guess <answer>7</answer>"]},
+            {"turns": [calculator_call("1/0"), "no idea"]},  # every other row
+        ],
+    )
+    out = tmp_path / "scripted.jsonl"
+    code = main(
+        ["rollout", "--server", calculator_server, "--data", str(arithmetic_data), "--limit", "3", "--n", "2"]
+        + ["--script", str(script), "--verifier", "math_equal", "--out", str(out), "--no-progress"]
+    )
+    assert code == 0
+    records = {(r["index"], r["sample"]): r for r in map(orjson.loads, out.read_bytes().splitlines())}
+    assert sorted(records) == [(i, s) for i in range(3) for s in range(2)]
+    assert len({r["id"] for r in records.values()}) == 6  # one session per trajectory
+
+    def tool_texts(record: dict) -> list[str]:  # the rollout's own, not the prompt's worked examples
+        rollout = record["messages"][record["num_prompt_messages"] :]
+        return [m["content"] for m in rollout if m["role"] == "tool"]
+
+    for sample in range(2):
+        solved, errored, guessed = records[0, sample], records[1, sample], records[2, sample]
+        assert tool_texts(solved) == [answer]
+        assert (solved["final_answer"], solved["reward"], solved["stop_reason"]) == (answer, 1.0, "answer")
+        assert len(tool_texts(errored)) == 1 and tool_texts(errored)[0].startswith(
+            "Error (invalid_arguments)"
+        )
+        assert (errored["reward"], errored["stop_reason"]) == (0.0, "eos")
+        assert (guessed["final_answer"], guessed["reward"], tool_texts(guessed)) == ("7", 0.0, [])
+    summary = orjson.loads(out.with_suffix(".summary.json").read_bytes())
+    assert summary["trajectories"] == 6 and summary["success_rate"] == pytest.approx(1 / 3)
+
+
+def test_a_script_must_cover_every_row(
+    arithmetic_data: Path, calculator_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = write_script(tmp_path / "turns.jsonl", [["<answer>1</answer>"]])
+    args = ["rollout", "--server", calculator_server, "--data", str(arithmetic_data), "--limit", "2"]
+    assert main([*args, "--script", str(script), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "has no turns for dataset row(s) [1]" in capsys.readouterr().err
+    bad = write_script(tmp_path / "bad.jsonl", [{"index": "one", "turns": []}])
+    assert main([*args, "--script", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
+    assert "index must be an integer" in capsys.readouterr().err
+
+
+def test_rollout_shows_the_servers_tool_schemas_through_the_template(
+    smol_tokenizer: Any, calculator_server: str, tmp_path: Path
+) -> None:
+    import pandas as pd
+
+    from tests.trainer.test_tool_schemas import qwen_style_model_dir
+
+    model = qwen_style_model_dir(smol_tokenizer, tmp_path / "qwen-style")
+    data = tmp_path / "plain.parquet"
+    pd.DataFrame(
+        [
+            {
+                "data_source": "plain",
+                "prompt": [{"role": "user", "content": "What is 2+3?"}],
+                "reward_model": {"ground_truth": "5"},
+                "extra_info": {"index": 0},
+            }
+        ]
+    ).to_parquet(data)
+    script = write_script(
+        tmp_path / "turns.jsonl", [{"turns": [calculator_call("2+3"), "<answer>5</answer>"]}]
+    )
+    prompts = {}
+    for mode in ("auto", "none"):
+        out = tmp_path / f"{mode}.jsonl"
+        code = main(
+            ["rollout", "--server", calculator_server, "--data", str(data), "--model", str(model)]
+            + ["--script", str(script), "--tool-schemas", mode, "--verifier", "math_equal"]
+            + ["--out", str(out), "--no-progress"]
+        )
+        assert code == 0
+        (record,) = map(orjson.loads, out.read_bytes().splitlines())
+        assert record["reward"] == 1.0
+        prompts[mode] = smol_tokenizer.decode(record["prompt_ids"])
+    assert '<tools>\n{"type": "function", "function": {"name": "calculator"' in prompts["auto"]
+    assert "<tools>" not in prompts["none"]

@@ -62,8 +62,9 @@ class ScriptedGenerator:
     """Replays a script per request id.
 
     ``script`` is one sequence of turns used for every request, or a function of the
-    first prompt of a request returning that request's turns. Past the end of a script
-    the generator answers with ``eos_token_id`` alone (or raises if none was given).
+    first prompt of a request returning that request's turns; ``assign`` sets the turns
+    of one request id up front. Past the end of a script the generator answers with
+    ``eos_token_id`` alone (or raises if none was given).
     """
 
     def __init__(
@@ -78,6 +79,10 @@ class ScriptedGenerator:
         self._eos = frozenset(eos_token_ids)
         self._states: dict[str, _RequestState] = {}
         self.calls: list[GenerateCall] = []
+
+    def assign(self, request_id: str, turns: Sequence[ScriptedTurn]) -> None:
+        """Give one request its own turns (instead of ``script``), e.g. per dataset row."""
+        self._states[request_id] = _RequestState(turns)
 
     def calls_for(self, request_id: str) -> list[GenerateCall]:
         return [c for c in self.calls if c.request_id == request_id]
