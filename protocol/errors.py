@@ -19,6 +19,8 @@ class ErrorKind(StrEnum):
     BAD_REQUEST = "bad_request"  # the call itself is malformed (missing name, bad id)
     UNAVAILABLE = "unavailable"  # an upstream server or model endpoint is down
     UNKNOWN_SESSION = "unknown_session"  # session id expired or was released
+    # The replica died with the call in flight; it may or may not have run (never retried elsewhere).
+    OUTCOME_UNKNOWN = "outcome_unknown"
 
 
 class ToolError(Exception):

@@ -1,16 +1,19 @@
-"""Test tools: ``echo``, ``sleep`` and ``count``. Served in the ``test`` toolset only.
+"""Test tools: ``echo``, ``sleep``, ``count``, ``tick``. Served in the ``test`` toolset only.
 
 They make the executor's behaviour observable from outside: ``sleep`` for timeouts
-and latency workloads, ``count`` for proving that a retried call did not run twice.
+and latency workloads, ``count`` for proving that a retried call did not run twice in
+one server process, ``tick`` / ``tick_idempotent`` for counting executions across
+processes (chaos tests kill replicas and count what ran where).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import Counter
 from typing import Annotated, Any
 
-from protocol import ToolError, tool
+from protocol import ToolContext, ToolError, tool
 
 _executions: Counter[str] = Counter()
 
@@ -58,3 +61,39 @@ def fail(message: Annotated[str, "Error message to raise."] = "boom") -> str:
 def big_output(chars: Annotated[int, "Number of characters to return."] = 100_000) -> str:
     """Return a long string: shows output truncation."""
     return "x" * max(0, min(chars, 50_000_000))
+
+
+def _record_execution(path: str, call_id: str) -> None:
+    # One write() on an O_APPEND descriptor: lines from concurrent processes never interleave.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{call_id} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+@tool(name="tick", timeout_s=60, idempotent=False)
+async def tick(
+    ctx: ToolContext,
+    path: Annotated[str, "File to append this call's id to (tests only)."],
+    seconds: Annotated[float, "How long to sleep after recording, in seconds (0 to 60)."] = 0.0,
+) -> dict[str, Any]:
+    """Record the execution (append "call_id pid" to a file), then sleep: a non-idempotent side effect.
+
+    The side effect happens first, so a call cut off mid-sleep has already "run".
+    """
+    if not 0 <= seconds <= 60:
+        raise ToolError("seconds must be between 0 and 60", "invalid_arguments")
+    _record_execution(path, ctx.call_id)
+    await asyncio.sleep(seconds)
+    return {"call_id": ctx.call_id}
+
+
+@tool(name="tick_idempotent", timeout_s=60, idempotent=True)
+async def tick_idempotent(
+    ctx: ToolContext,
+    path: Annotated[str, "File to append this call's id to (tests only)."],
+    seconds: Annotated[float, "How long to sleep after recording, in seconds (0 to 60)."] = 0.0,
+) -> dict[str, Any]:
+    """``tick`` declared idempotent: the client may re-run it on another replica."""
+    return await tick(ctx, path, seconds)

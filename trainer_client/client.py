@@ -4,13 +4,40 @@ Why it looks like this: a trainer runs hundreds or thousands of trajectories at
 once, and each makes a few tool calls per turn. One HTTP request per call would
 cost more client and server CPU than most tools do, so calls that arrive within
 ``batch_window_ms`` of each other (from any trajectory) go out together in one
-``POST /v1/calls``; each caller still awaits only its own result.
-
-Retries never run a tool twice: a retried call keeps its ``call_id`` and stays on
-the replica it was first sent to (while that replica is up), and the server
-answers a repeated ``call_id`` from its idempotency store. Calls that carry a
-session stick to one replica (the session's state lives there); stateless calls
+``POST /v1/calls``; each caller still awaits only its own result. Calls that carry
+a session stick to one replica (the session's state lives there); stateless calls
 go to the least-loaded healthy replica.
+
+Delivery guarantee. A call is only ever re-sent with its own ``call_id``, and a
+server answers a ``call_id`` it has seen from its idempotency store (or joins the
+running call), so within one replica process a call runs at most once. That store
+lives in one process: it is not shared by replicas and does not survive a restart.
+So what happens after a failed attempt depends on whether it may have reached a server:
+
+* **Not delivered** -- the connection was refused or never established, HTTP 429, a
+  503 with ``Retry-After``, an ``overloaded`` result: nothing ran. The call is re-sent,
+  to any replica, until its deadline.
+* **Maybe delivered** -- the connection broke after the request was sent (the replica
+  died mid-call), a 5xx without ``Retry-After`` (e.g. a proxy's 502/504: its backend may
+  have died), no answer within ``request_timeout_s``. A tool that declares itself
+  idempotent (``_meta.toolfactory.idempotent`` in ``GET /v1/tools``, else the MCP hints
+  ``idempotentHint`` / ``readOnlyHint``; learned once per replica) is re-sent to any
+  replica and may run more than once. Any other tool, or one not known, is re-sent
+  only after a timeout (the connection was intact, so the process is up) and only to
+  the same replica, which joins the running call. After a broken connection, or once
+  that replica refuses connections, the call ends ``outcome_unknown``: it ran at most
+  once, maybe not at all, and is never run again elsewhere or on a restarted replica.
+
+So a non-idempotent call runs at most once, and exactly once when it succeeds. (One
+gap: a replica restarted on the same address within ``backoff_s`` of a timed-out
+attempt would be taken for the old process.)
+
+Retries spend the call's deadline, not a count: transport failures back off
+exponentially with jitter, capped at ``max_backoff_s`` (a replica coming back up ends
+the wait). A replica that answers 429 is held back: nothing goes to it until its
+``Retry-After`` has passed, then only as many calls as it had taken when it refused
+(a window that grows while it keeps up), so a saturated server gets a stream it can
+admit, not a retry storm.
 
 Only ``protocol`` and HTTP connect this module to the server.
 """
@@ -33,6 +60,7 @@ import httpx
 import orjson
 
 from protocol import (
+    META_KEY,
     Call,
     ErrorInfo,
     ErrorKind,
@@ -50,6 +78,8 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "TOOLFACTORY_TOKEN"  # read when no token is passed explicitly
 _LATENCY_SAMPLES = 100_000  # bounded window for latency percentiles
+_REQUEST_RETRIES = 6  # plain requests (tool lists, sessions) when max_retries is None
+_WINDOW_GROWTH = 1 / 8  # per answered call while a window is full: ~1/8 per round trip
 
 
 class ToolServerError(RuntimeError):
@@ -103,6 +133,13 @@ class _Replica:
     calls: int = 0
     failures: int = 0
     probing: asyncio.Task[None] | None = None
+    batchers: list[_Batcher] = field(default_factory=list)
+    described: asyncio.Task[None] | None = None  # its GET /v1/tools: which tools are idempotent
+    # Admission control, learned from 429s (ToolClient._refused).
+    outstanding: int = 0  # calls in POSTs sent here and not answered yet
+    window: float | None = None  # most calls outstanding at once; None until a 429
+    hold_until: float = 0.0  # monotonic time before which nothing is sent here
+    refusals: int = 0  # 429s in a row: paces the hold when Retry-After is 0
 
 
 @dataclass(slots=True, eq=False)
@@ -115,9 +152,11 @@ class _Pending:
     session: str | None
     deadline: float
     started: float
-    attempts: int = 0  # failed attempts that count against max_retries
-    overloaded: int = 0  # 429 / overloaded answers (bounded by the deadline only)
+    attempts: int = 0  # failed attempts other than overload (count against max_retries)
+    overloaded: int = 0  # 429 / overloaded answers
     replica: _Replica | None = None
+    pinned: _Replica | None = None  # may be running there (not idempotent): re-sent only there
+    error: tuple[ErrorKind, str] | None = None  # why it waits for a re-send (None once sent)
 
 
 @dataclass(slots=True)
@@ -172,6 +211,10 @@ class _Batcher:
     pass (so a lone call pays no window, and calls made together still share a POST).
     At most ``max_inflight_batches`` POSTs are outstanding per pair: beyond that,
     new items keep accumulating, so batches grow under load on their own.
+
+    Sends also obey the replica's admission control: nothing goes out while it is held
+    back after a 429, and once it has a window, only what fits (``window - outstanding``
+    calls); an answer from the replica frees room and flushes its batchers again.
     """
 
     def __init__(self, client: ToolClient, replica: _Replica, endpoint: _Endpoint) -> None:
@@ -182,6 +225,11 @@ class _Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
+        replica.batchers.append(self)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._items)
 
     def add(self, item: _Pending) -> None:
         self._items.append(item)
@@ -196,27 +244,60 @@ class _Batcher:
             else:
                 self._timer = loop.call_later(self._client.batch_window_s, self._flush)
 
+    def add_front(self, items: list[_Pending]) -> None:
+        """Put refused items back at the head of the line: they are older than the rest."""
+        self._items[0:0] = items
+        self.resume()
+
+    def resume(self) -> None:
+        """Room may have opened: items that already waited go out without a second window."""
+        if self._items and self._timer is None:
+            self._flush()
+
     def _flush(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        limit = self._client.max_batch
-        while self._items and self._inflight < self._client.max_inflight_batches:
-            batch, self._items = self._items[:limit], self._items[limit:]
-            self._inflight += 1
-            task = asyncio.get_running_loop().create_task(self._send(batch))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        client, replica = self._client, self._replica
+        held = replica.hold_until - time.monotonic()
+        if held > 0:
+            if self._items:
+                self._timer = asyncio.get_running_loop().call_later(held, self._flush)
+            return
+        while self._items and self._inflight < client.max_inflight_batches:
+            room = client.max_batch if replica.window is None else int(replica.window) - replica.outstanding
+            if room <= 0:
+                return  # a POST to this replica is out: its answer frees room and flushes again
+            batch = self._take(min(room, client.max_batch))
+            if batch:
+                self.launch(batch)
+
+    def _take(self, count: int) -> list[_Pending]:
+        """The next ``count`` items, less those already settled (deadline, close)."""
+        batch, self._items = self._items[:count], self._items[count:]
+        live = []
+        for item in batch:
+            if not item.future.done():
+                item.error = None  # on its way again
+                live.append(item)
+        return live
+
+    def launch(self, batch: list[_Pending]) -> None:
+        """Send a batch now; it counts against the replica's window until answered."""
+        self._inflight += 1
+        self._replica.outstanding += len(batch)
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[_Pending]) -> None:
         try:
-            live = [item for item in batch if not item.future.done()]
-            if live:
-                await self._client._post_batch(self._replica, self._endpoint, live)
+            await self._client._post_batch(self._replica, self._endpoint, batch)
         finally:
             self._inflight -= 1
-            if self._items and self._timer is None:
-                self._flush()  # these items already waited for a free slot: no second window
+            self._replica.outstanding -= len(batch)
+            for batcher in self._replica.batchers:
+                batcher.resume()
 
     async def aclose(self) -> None:
         if self._timer is not None:
@@ -238,6 +319,14 @@ class ToolClient:
     ``release_session``). Use it as an async context manager, or call
     ``aclose()`` when done. All methods must run on one event loop.
 
+    Delivery (details in the module docstring): a call is re-sent only under its own
+    call_id, until its deadline. A call that never reached a server is re-sent anywhere;
+    one that may have (the connection broke mid-call) is re-sent anywhere only if its
+    tool declares itself idempotent. Otherwise it ends ``outcome_unknown``, having run
+    at most once: the server's record of call_ids lives and dies with one replica
+    process. A non-idempotent call that succeeds ran exactly once. After a 429 a replica
+    gets nothing until its ``Retry-After`` has passed, then only what it had admitted.
+
     Args:
         urls: base URL of a server (``http://host:port``) or a list of replicas.
         token: bearer token; defaults to the ``TOOLFACTORY_TOKEN`` environment variable.
@@ -245,11 +334,13 @@ class ToolClient:
             next batch waits for company (an idle client sends on the next loop pass).
         max_batch: most calls in one POST.
         max_inflight_batches: most concurrent POSTs per replica and endpoint.
-        timeout_s: default per-call deadline (submission to result, retries included).
+        timeout_s: default per-call deadline (submission to result): the budget that all
+            retries spend.
         request_timeout_s: limit for one POST attempt; ``None`` = the batch's remaining deadline.
-        max_retries: retries after connect errors, timeouts and 5xx answers. Overloaded
-            answers (HTTP 429, ``overloaded`` results) are retried until the deadline.
-        backoff_s / max_backoff_s: exponential backoff with jitter between attempts.
+        max_retries: optional cap on re-sends after connect errors, timeouts and 5xx answers
+            (``None``: retries run until the deadline). Overload answers never count. Plain
+            requests (``list_tools``, sessions) make at most this many (default 6) retries.
+        backoff_s / max_backoff_s: exponential backoff with jitter between attempts, capped.
         health_interval_s: period of the ``/healthz`` probes (``0`` = only after failures).
         max_connections: HTTP connection pool size (shared by all replicas).
         split_after_ms / split_max: a batch of at most ``split_max`` calls still unanswered
@@ -269,7 +360,7 @@ class ToolClient:
         max_inflight_batches: int = 256,
         timeout_s: float = 120.0,
         request_timeout_s: float | None = None,
-        max_retries: int = 6,
+        max_retries: int | None = None,
         backoff_s: float = 0.05,
         max_backoff_s: float = 5.0,
         health_interval_s: float = 5.0,
@@ -318,6 +409,13 @@ class ToolClient:
         self._health_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pending: set[_Pending] = set()  # submitted, not settled: failed on aclose()
+        self._backing_off: dict[_Pending, tuple[asyncio.TimerHandle, _Replica | None]] = {}
+        self._idempotent: dict[str, bool] = {}  # tool -> declared idempotent (by every replica)
+        # Split POSTs each hold a connection for as long as their call runs; past a quarter of
+        # the pool they would queue for connections (httpcore's queue is quadratic) and slow
+        # every batch down, so beyond that a slow batch simply stays whole.
+        self._joins = 0
+        self._max_joins = max(1, max_connections // 4)
         self._closed = False
 
     # ----------------------------------------------------------------- public API
@@ -412,6 +510,7 @@ class ToolClient:
             "max_batch_size": m.max_batch,
             "verify_requests": m.verify_requests,
             "verify_batches": m.verify_batches,
+            "calls_sent": m.calls_sent,
             "retries": m.retries,
             "split_posts": m.splits,
             "errors": dict(m.errors),
@@ -421,7 +520,14 @@ class ToolClient:
             "replica_down_events": m.replica_down,
             "replica_up_events": m.replica_up,
             "replicas": [
-                {"url": r.url, "healthy": r.healthy, "load": r.load, "batches": r.batches, "calls": r.calls}
+                {
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "load": r.load,
+                    "batches": r.batches,
+                    "calls": r.calls,
+                    "window": None if r.window is None else int(r.window),
+                }
                 for r in self.replicas
             ],
         }
@@ -444,6 +550,9 @@ class ToolClient:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for handle, _ in self._backing_off.values():
+            handle.cancel()
+        self._backing_off.clear()
         for item in list(self._pending):
             self._finish(
                 item, item.endpoint.failure(item.payload, ErrorKind.CANCELLED, "the client was closed")
@@ -479,44 +588,57 @@ class ToolClient:
         self._pending.update(items)
         for item in items:
             self._submit(item)
+        # One timer settles whatever is left at the deadline (cheaper than asyncio.wait).
+        expiry = loop.call_later(timeout, self._expire, items, timeout)
         try:
-            await asyncio.wait([item.future for item in items], timeout=timeout)
-        except asyncio.CancelledError:
+            if len(items) == 1:
+                await items[0].future
+            else:
+                await asyncio.gather(*(item.future for item in items))
+        except asyncio.CancelledError:  # the caller gave up: its calls stop counting as load
             for item in items:
-                if not item.future.done():
-                    item.future.cancel()
-                    self._unload(item)
+                item.future.cancel()
+                self._unload(item)
                 self._pending.discard(item)
             raise
+        finally:
+            expiry.cancel()
+        return [item.future.result() for item in items]
+
+    def _expire(self, items: list[_Pending], timeout: float) -> None:
         for item in items:
             if not item.future.done():
                 self._metrics.error("deadline")
+                # Waiting for a re-send: say why (overloaded, unavailable); else it was out.
+                kind, why = item.error or (ErrorKind.TIMEOUT, "no result")
                 self._finish(
                     item,
-                    endpoint.failure(
+                    item.endpoint.failure(
                         item.payload,
-                        ErrorKind.TIMEOUT,
-                        f"no result within {timeout:g} s (client deadline; "
+                        kind,
+                        f"{why} (client deadline of {timeout:g} s reached; "
                         f"{item.attempts + item.overloaded} retries)",
                     ),
                 )
-        return [item.future.result() for item in items]
 
     def _submit(self, item: _Pending, prefer: _Replica | None = None) -> None:
         if item.future.done() or self._closed:
             return
-        replica = self._route(item.session, prefer)
+        self._place(item, prefer).add(item)
+
+    def _place(self, item: _Pending, prefer: _Replica | None) -> _Batcher:
+        """Route an item to a replica and count it there; returns the batcher it joins."""
+        replica = self._route(item, prefer)
         item.replica = replica
         replica.load += 1
-        key = (id(replica), item.endpoint.name)
-        batcher = self._batchers.get(key)
-        if batcher is None:
-            batcher = self._batchers[key] = _Batcher(self, replica, item.endpoint)
-        batcher.add(item)
+        return self._batcher(replica, item.endpoint)
 
     # ----------------------------------------------------------------- routing
 
-    def _route(self, session: str | None, prefer: _Replica | None) -> _Replica:
+    def _route(self, item: _Pending, prefer: _Replica | None) -> _Replica:
+        if item.pinned is not None:
+            return item.pinned  # it may be running there: only that process can answer for it
+        session = item.session
         if session is not None:
             pinned = self._sessions.get(session)
             if pinned is not None and (pinned.healthy or not self._any_healthy()):
@@ -539,6 +661,8 @@ class ToolClient:
         return healthy or self.replicas  # all marked down: try anyway, a success marks it up
 
     def _least_loaded(self) -> _Replica:
+        if len(self.replicas) == 1:
+            return self.replicas[0]
         return min(self._candidates(), key=lambda r: r.load)
 
     def _hash_replica(self, session: str) -> _Replica:
@@ -568,9 +692,18 @@ class ToolClient:
             replica.calls += len(items)
         else:
             m.verify_batches += 1
+        if replica.described is None:  # once per replica (process): which tools are idempotent
+            replica.described = asyncio.get_running_loop().create_task(self._learn_tools(replica))
+            self._background(replica.described)
         split = None
-        if endpoint is _CALLS and self.split_after_s > 0 and 1 < len(items) <= self.split_max:
+        if (
+            endpoint is _CALLS
+            and self.split_after_s > 0
+            and 1 < len(items) <= self.split_max
+            and not self._saturated(replica)
+        ):
             split = asyncio.get_running_loop().call_later(self.split_after_s, self._split, replica, items)
+        failure: Exception | None = None
         try:
             body = encode({endpoint.key: [item.payload for item in items]})
             response = await self._http.post(
@@ -579,30 +712,41 @@ class ToolClient:
                 headers=self._headers,
                 timeout=httpx.Timeout(self._attempt_timeout(items), pool=None),
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            m.error("connect")
-            self._mark_down(replica, f"connect failed: {exc}")
-            self._retry_all(items, ErrorKind.UNAVAILABLE, f"cannot connect to {replica.url}: {exc}")
-            return
-        except httpx.TimeoutException:
-            m.error("request_timeout")
-            self._schedule_probe(replica)
-            self._retry_all(items, ErrorKind.TIMEOUT, f"{replica.url} did not answer in time")
-            return
-        except httpx.TransportError as exc:
-            m.error("transport")
-            self._schedule_probe(replica)
-            self._retry_all(items, ErrorKind.UNAVAILABLE, f"connection to {replica.url} failed: {exc!r}")
-            return
-        except Exception as exc:  # a bug or an unexpected failure must not leave callers hanging
-            m.error("client")
-            log.exception("unexpected error sending a batch to %s", replica.url)
-            self._fail_all(items, ErrorKind.UNAVAILABLE, f"client error: {exc!r}")
-            return
+        except Exception as exc:  # classified below: a failure must never leave callers hanging
+            failure = exc
         finally:
             if split is not None:
                 split.cancel()
-        self._settle(replica, endpoint, items, response)
+        if failure is not None:
+            await self._attempt_failed(replica, items, failure)
+        else:
+            await self._settle(replica, endpoint, items, response)
+
+    async def _attempt_failed(self, replica: _Replica, items: list[_Pending], exc: Exception) -> None:
+        """A POST got no answer: did its request (possibly) reach the server?"""
+        m = self._metrics
+        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+            m.error("connect")  # no connection, so no request: nothing ran
+            self._mark_down(replica, f"connect failed: {exc}")
+            self._not_delivered(items, ErrorKind.UNAVAILABLE, f"cannot connect to {replica.url}: {exc}")
+        elif isinstance(exc, httpx.TimeoutException):
+            m.error("request_timeout")  # the connection is intact: the server is up, still working
+            self._schedule_probe(replica)
+            message = f"{replica.url} did not answer in time"
+            await self._maybe_delivered(replica, items, ErrorKind.TIMEOUT, message, process_up=True)
+        elif isinstance(exc, httpx.TransportError):
+            m.error("transport")  # ReadError, RemoteProtocolError: the connection broke mid-call
+            self._schedule_probe(replica)
+            message = f"connection to {replica.url} broke with the calls in flight: {exc!r}"
+            await self._maybe_delivered(replica, items, ErrorKind.UNAVAILABLE, message, process_up=False)
+        else:  # a bug or an unexpected failure
+            m.error("client")
+            log.error("unexpected error sending a batch to %s", replica.url, exc_info=exc)
+            self._fail_all(items, ErrorKind.UNAVAILABLE, f"client error: {exc!r}")
+
+    def _saturated(self, replica: _Replica) -> bool:
+        """Pushed back (it has a window) and calls queue for room: no extra POSTs."""
+        return replica.window is not None and any(b.waiting for b in replica.batchers)
 
     def _split(self, replica: _Replica, items: list[_Pending]) -> None:
         """Head-of-line relief for a small batch that is still out after ``split_after_ms``.
@@ -615,11 +759,18 @@ class ToolClient:
         """
         loop = asyncio.get_running_loop()
         for item in items:
-            if not item.future.done():
+            if not item.future.done() and self._joins < self._max_joins:
+                self._joins += 1
                 self._metrics.splits += 1
                 self._background(loop.create_task(self._join(replica, item)))
 
     async def _join(self, replica: _Replica, item: _Pending) -> None:
+        try:
+            await self._join_once(replica, item)
+        finally:
+            self._joins -= 1
+
+    async def _join_once(self, replica: _Replica, item: _Pending) -> None:
         try:
             response = await self._http.post(
                 replica.url + _CALLS.path,
@@ -635,13 +786,14 @@ class ToolClient:
         if not _is_overloaded(result):
             self._finish(item, result)
 
-    def _settle(
+    async def _settle(
         self, replica: _Replica, endpoint: _Endpoint, items: list[_Pending], response: httpx.Response
     ) -> None:
         m = self._metrics
         status = response.status_code
         if status == 200:
             self._mark_up(replica)
+            self._accepted(replica, len(items))
             try:
                 results = endpoint.decode(response.content)
             except Exception as exc:
@@ -659,40 +811,79 @@ class ToolClient:
                 )
                 return
             for item, result in zip(items, results, strict=True):
-                if endpoint.overloaded(result):
+                if endpoint.overloaded(result):  # refused before it ran: re-send after a pause
                     m.error("overloaded")
-                    self._retry(item, ErrorKind.OVERLOADED, result.error.message, overloaded=True)
+                    item.overloaded += 1
+                    delay = _retry_after(response.headers.get("retry-after"), default=0.0)
+                    self._retry(item, ErrorKind.OVERLOADED, result.error.message, delay=delay)
                 else:
                     self._finish(item, result)
             return
         message = _error_message(response)
+        m.error(f"http_{status}")
         if status == 429 or (status == 503 and "retry-after" in response.headers):
-            m.error(f"http_{status}")
-            delay = _retry_after(response.headers.get("retry-after"))
-            for item in items:
-                self._retry(item, ErrorKind.OVERLOADED, message, delay=delay, overloaded=True)
+            self._refused(replica, items, message, _retry_after(response.headers.get("retry-after")))
         elif status >= 500:
-            m.error(f"http_{status}")
             self._schedule_probe(replica)
-            self._retry_all(items, ErrorKind.UNAVAILABLE, f"{replica.url} answered {status}: {message}")
-        elif status == 413 and len(items) > 1:
-            m.error("http_413")  # too big as one batch: split it and try again
+            message = f"{replica.url} answered {status}: {message}"
+            await self._maybe_delivered(replica, items, ErrorKind.UNAVAILABLE, message, process_up=False)
+        elif status == 413 and len(items) > 1:  # too big as one batch: split it and try again
             half = len(items) // 2
+            batcher = self._batcher(replica, endpoint)
             for part in (items[:half], items[half:]):
-                task = asyncio.get_running_loop().create_task(self._post_batch(replica, endpoint, part))
-                self._background(task)
+                batcher.launch(part)
         elif status in (401, 403):
-            m.error(f"http_{status}")
             self._fail_all(items, ErrorKind.UNAUTHORIZED, f"{replica.url} refused the token: {message}")
         else:
-            m.error(f"http_{status}")
             kind = ErrorKind.TOO_LARGE if status == 413 else ErrorKind.BAD_REQUEST
             self._fail_all(items, kind, f"{replica.url} rejected the batch ({status}): {message}")
+
+    def _batcher(self, replica: _Replica, endpoint: _Endpoint) -> _Batcher:
+        key = (id(replica), endpoint.name)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+            batcher = self._batchers[key] = _Batcher(self, replica, endpoint)
+        return batcher
 
     def _background(self, task: asyncio.Task[Any]) -> None:
         """Keep a reference to a fire-and-forget task so it is not garbage collected."""
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # ----------------------------------------------------------------- admission control
+
+    def _refused(self, replica: _Replica, items: list[_Pending], message: str, retry_after: float) -> None:
+        """A 429 (or a 503 with Retry-After): the server took none of these calls.
+
+        Hold the replica back until Retry-After has passed (jittered up to +20 %, so that
+        clients do not come back in step; a backoff if it says 0), and from then on keep
+        at most as many calls outstanding there as it had taken when it refused: it
+        admits them as its queue drains, where a full-sized re-send would be refused
+        again. The refused calls go back to the head of the line, on any replica.
+        """
+        replica.refusals += 1
+        taken = replica.outstanding - len(items)
+        replica.window = float(max(1, taken))  # nothing taken: start from one call and grow
+        pause = retry_after if retry_after > 0 else self._backoff(replica.refusals)
+        replica.hold_until = max(replica.hold_until, time.monotonic() + pause * random.uniform(1.0, 1.2))
+        requeue: dict[_Batcher, list[_Pending]] = {}
+        for item in items:
+            self._unload(item)
+            if item.future.done() or self._closed:
+                continue
+            item.overloaded += 1
+            item.error = (ErrorKind.OVERLOADED, message)
+            self._metrics.retries += 1
+            requeue.setdefault(self._place(item, None), []).append(item)
+        for batcher, group in requeue.items():
+            batcher.add_front(group)
+
+    def _accepted(self, replica: _Replica, answered: int) -> None:
+        """A batch was answered: while its window is full, let it grow a little."""
+        replica.refusals = 0
+        window = replica.window
+        if window is not None and time.monotonic() >= replica.hold_until and self._saturated(replica):
+            replica.window = window + answered * _WINDOW_GROWTH
 
     # ----------------------------------------------------------------- settling
 
@@ -716,9 +907,45 @@ class ToolClient:
         for item in items:
             self._finish(item, item.endpoint.failure(item.payload, kind, message))
 
-    def _retry_all(self, items: list[_Pending], kind: ErrorKind, message: str) -> None:
+    def _outcome_unknown(self, item: _Pending, message: str) -> None:
+        self._finish(
+            item,
+            item.endpoint.failure(
+                item.payload,
+                ErrorKind.OUTCOME_UNKNOWN,
+                f"{message}; the call may or may not have run, and its tool is not known to be "
+                "idempotent, so it is not run again",
+            ),
+        )
+
+    def _not_delivered(self, items: list[_Pending], kind: ErrorKind, message: str) -> None:
+        """No request reached a server: re-send anywhere, unless a call may run where it was."""
         for item in items:
-            self._retry(item, kind, message)
+            if item.pinned is not None:  # its replica went away while the call may have run there
+                self._outcome_unknown(item, message)
+            else:
+                self._retry(item, kind, message)
+
+    async def _maybe_delivered(
+        self, replica: _Replica, items: list[_Pending], kind: ErrorKind, message: str, *, process_up: bool
+    ) -> None:
+        """The request may have reached the server but no answer came: the calls may have run.
+
+        Idempotent tools are re-sent (to the same replica first: its store may hold the
+        result). Any other call may only go back to the same replica process: if that is
+        known to be up (a timeout on an intact connection), it joins the running call
+        there; if the connection broke, the process may be gone with its record of what
+        ran, so the call ends ``outcome_unknown`` rather than risk running twice.
+        """
+        await self._learn_idempotency(items)
+        for item in items:
+            if self._is_idempotent(item):
+                self._retry(item, kind, message, prefer=replica)
+            elif process_up:
+                item.pinned = replica
+                self._retry(item, kind, message)
+            else:
+                self._outcome_unknown(item, message)
 
     def _retry(
         self,
@@ -726,37 +953,80 @@ class ToolClient:
         kind: ErrorKind,
         message: str,
         *,
-        delay: float | None = None,
-        overloaded: bool = False,
+        prefer: _Replica | None = None,
+        delay: float = 0.0,
     ) -> None:
-        """Send the same payload (same call_id) again after a backoff, or give up."""
-        prefer = item.replica
+        """Send the same payload (same call_id) again after a backoff, within its deadline."""
         self._unload(item)
         if item.future.done():
             return
-        if overloaded:
-            item.overloaded += 1
-        else:
+        item.error = (kind, message)
+        if kind != ErrorKind.OVERLOADED:
             item.attempts += 1
-            if item.attempts > self.max_retries:
-                self._finish(
-                    item,
-                    item.endpoint.failure(
-                        item.payload, kind, f"{message} (gave up after {item.attempts} tries)"
-                    ),
-                )
+            if self.max_retries is not None and item.attempts > self.max_retries:
+                self._give_up(item, f"gave up after {item.attempts} tries")
                 return
-        backoff = self._backoff(item.attempts + item.overloaded)
-        wait = max(delay, backoff) if delay is not None else backoff
+        if item.pinned is not None:
+            wait = self.backoff_s * random.uniform(0.5, 1.0)  # its replica is up: join the call soon
+        else:
+            wait = max(delay, self._backoff(item.attempts + item.overloaded))
         if time.monotonic() + wait >= item.deadline:
-            self._finish(item, item.endpoint.failure(item.payload, kind, f"{message} (deadline reached)"))
+            self._give_up(item, "deadline reached")
             return
         self._metrics.retries += 1
-        asyncio.get_running_loop().call_later(wait, self._submit, item, prefer)
+        handle = asyncio.get_running_loop().call_later(wait, self._resend, item, prefer)
+        self._backing_off[item] = (handle, prefer)
+
+    def _resend(self, item: _Pending, prefer: _Replica | None) -> None:
+        self._backing_off.pop(item, None)
+        self._submit(item, prefer)
+
+    def _give_up(self, item: _Pending, why: str) -> None:
+        kind, message = item.error or (ErrorKind.TIMEOUT, "no result")
+        self._finish(item, item.endpoint.failure(item.payload, kind, f"{message} ({why})"))
 
     def _backoff(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * (2 ** max(0, attempt - 1)))
+        base = min(self.max_backoff_s, self.backoff_s * 2 ** min(32, max(0, attempt - 1)))
         return base * random.uniform(0.5, 1.0)  # jitter spreads retries of one failed batch
+
+    # ----------------------------------------------------------------- idempotency
+
+    def _is_idempotent(self, item: _Pending) -> bool:
+        """May this call run twice? Verifiers only score; a tool must say so (unknown: no)."""
+        if item.endpoint is _VERIFY:
+            return True
+        return self._idempotent.get(item.payload.name, False)
+
+    async def _learn_idempotency(self, items: list[_Pending]) -> None:
+        """If some of these tools are not known yet, give tool lists being fetched a moment."""
+        if all(item.endpoint is _VERIFY or item.payload.name in self._idempotent for item in items):
+            return
+        fetching = [r.described for r in self.replicas if r.described is not None and not r.described.done()]
+        if fetching:
+            await asyncio.wait(fetching, timeout=self.health_timeout_s)
+
+    async def _learn_tools(self, replica: _Replica) -> None:
+        """Read which tools declare themselves idempotent from the replica's GET /v1/tools.
+
+        Once per replica (again after it was down: maybe a new process, a new config), in
+        the background of its first POST: nothing on the hot path. A tool two replicas
+        disagree on counts as not idempotent.
+        """
+        try:
+            response = await self._http.get(
+                replica.url + "/v1/tools", params={"toolset": "*"}, timeout=self.health_timeout_s
+            )
+            response.raise_for_status()
+            tools = orjson.loads(response.content).get("tools") or []
+        except Exception as exc:  # unreachable, an old server: its tools stay unknown (not idempotent)
+            log.info(
+                "could not list the tools of %s (%r); unknown tools count as not idempotent", replica.url, exc
+            )
+            return
+        for descriptor in tools:
+            name = descriptor.get("name") if isinstance(descriptor, dict) else None
+            if isinstance(name, str):
+                self._idempotent[name] = self._idempotent.get(name, True) and _declares_idempotent(descriptor)
 
     # ----------------------------------------------------------------- health
 
@@ -772,8 +1042,17 @@ class ToolClient:
         replica.failures = 0
         if not replica.healthy:
             replica.healthy = True
+            replica.described = None  # maybe a new process with another config: learn again
             self._metrics.replica_up += 1
             log.info("replica %s is back up", replica.url)
+            self._wake()
+
+    def _wake(self) -> None:
+        """A replica came back: calls waiting out a connection failure go now."""
+        for item, (handle, prefer) in list(self._backing_off.items()):
+            if item.error is not None and item.error[0] == ErrorKind.UNAVAILABLE:
+                handle.cancel()
+                self._resend(item, prefer)
 
     def _schedule_probe(self, replica: _Replica) -> None:
         """Probe a replica that just failed, and keep probing while it stays down."""
@@ -825,7 +1104,8 @@ class ToolClient:
         """One non-batched request with retries on connect errors, 429 and 5xx."""
         self._start()
         last = "no attempt made"
-        for attempt in range(self.max_retries + 1):
+        retries = _REQUEST_RETRIES if self.max_retries is None else self.max_retries
+        for attempt in range(retries + 1):
             target = replica or self._least_loaded()
             try:
                 response = await self._http.request(
@@ -850,7 +1130,22 @@ class ToolClient:
                     await asyncio.sleep(_retry_after(response.headers.get("retry-after")))
                     continue
             await asyncio.sleep(self._backoff(attempt + 1))
-        raise ToolServerError(f"{last} (gave up after {self.max_retries + 1} tries)")
+        raise ToolServerError(f"{last} (gave up after {retries + 1} tries)")
+
+
+def _declares_idempotent(descriptor: dict[str, Any]) -> bool:
+    """Our ``_meta.toolfactory.idempotent``; else MCP's hints (a read-only tool is idempotent).
+
+    Ours comes first: our server's ``readOnlyHint`` only says "keeps no session state".
+    """
+    meta = descriptor.get("_meta")
+    ours = meta.get(META_KEY) if isinstance(meta, dict) else None
+    if isinstance(ours, dict) and "idempotent" in ours:
+        return ours["idempotent"] is True
+    hints = descriptor.get("annotations")
+    if not isinstance(hints, dict):
+        return False
+    return hints.get("idempotentHint") is True or hints.get("readOnlyHint") is True
 
 
 def _retry_after(value: str | None, default: float = 0.1) -> float:

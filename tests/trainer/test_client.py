@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import Call, ErrorKind, VerifyRequest, new_call_id, new_session_id
 from tests.support.server import running_server, server_config
-from trainer_client.client import ToolClient
+from trainer_client.client import ToolClient, _declares_idempotent
 from trainer_client.mcp_client import McpToolClient
 from trainer_client.sync import SyncToolClient
 
@@ -154,6 +154,31 @@ async def test_overload_that_outlasts_the_deadline_is_an_overloaded_result() -> 
     assert blocked.is_error and blocked.error.kind in (ErrorKind.OVERLOADED, ErrorKind.TIMEOUT)
 
 
+async def test_a_saturated_server_is_not_hammered_and_every_call_completes() -> None:
+    """Far more calls than a tiny server admits (2 running + 3 queued, Retry-After 1 s).
+
+    The client holds its sends back after a 429 and then sends only what the server took
+    before (a window learned from the rejection), so every call completes without error and
+    each call is sent only a few times.
+    """
+    config = server_config(limits={"max_concurrency": 2, "max_queue": 3, "retry_after_s": 1})
+    with running_server(config) as proc:
+        url = proc.url
+        calls = [Call(new_call_id(), "sleep", {"seconds": 0.05}) for _ in range(60)]
+        async with ToolClient(url, timeout_s=40) as client:
+            results = await asyncio.gather(*(client.call_tools([c]) for c in calls))
+            metrics = client.metrics()
+        assert not [r[0].error for r in results if r[0].is_error][:3]
+        assert server_metric(url, "toolfactory_calls_total", tool="sleep") == 60  # nothing ran twice
+        rejected = server_metric(url, "toolfactory_rejected_batches_total")
+    assert metrics["errors"].get("http_429", 0) >= 1
+    sent = sum(r["calls"] for r in metrics["replicas"])  # every attempt of every call
+    assert sent <= 3 * len(calls), metrics  # at most 2 re-sends per call on average
+    assert sent == metrics["calls_sent"]
+    assert metrics["retries"] <= 2 * len(calls)
+    assert rejected <= 20  # about one refused probe per Retry-After, not a refusal per call and backoff
+
+
 async def test_sessions_stick_to_one_replica() -> None:
     with running_server() as proc_a, running_server() as proc_b:
         a, b = proc_a.url, proc_b.url
@@ -287,6 +312,16 @@ async def test_closing_the_client_settles_waiting_calls(server: str) -> None:
     await client.aclose()
     result = await task
     assert result.is_error and result.error.kind == ErrorKind.CANCELLED
+
+
+def test_idempotency_comes_from_our_meta_first_then_the_mcp_hints() -> None:
+    ours = {"_meta": {"toolfactory": {"idempotent": False}}, "annotations": {"readOnlyHint": True}}
+    assert not _declares_idempotent(ours)  # our readOnlyHint only means "no session state"
+    assert _declares_idempotent({"_meta": {"toolfactory": {"idempotent": True}}})
+    assert _declares_idempotent({"annotations": {"idempotentHint": True}})  # a third party's tool
+    assert _declares_idempotent({"annotations": {"readOnlyHint": True}})
+    assert not _declares_idempotent({"annotations": {"destructiveHint": False}})
+    assert not _declares_idempotent({"name": "x"})  # says nothing: not idempotent
 
 
 def test_bad_urls_are_rejected_with_a_clear_message() -> None:
