@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
+from protocol import ErrorKind
+
 ERROR = {
     "type": "object",
     "properties": {
@@ -38,19 +40,7 @@ RESULT = {
             "type": ["object", "null"],
             "properties": {
                 "kind": {
-                    "enum": [
-                        "unknown_tool",
-                        "invalid_arguments",
-                        "timeout",
-                        "tool_error",
-                        "overloaded",
-                        "cancelled",
-                        "unauthorized",
-                        "too_large",
-                        "bad_request",
-                        "unavailable",
-                        "unknown_session",
-                    ]
+                    "enum": [kind.value for kind in ErrorKind],
                 },
                 "message": {"type": "string"},
             },

@@ -117,9 +117,10 @@ class ToolEntry:
             tool["title"] = self.meta.title
         if self.output_schema:
             tool["outputSchema"] = self.output_schema
+        # No readOnlyHint: ToolMeta does not say whether a tool changes the world, and a
+        # wrong "read-only" would let clients re-run a tool with side effects.
         tool["annotations"] = {
             "idempotentHint": self.meta.idempotent,
-            "readOnlyHint": not self.meta.stateful,
             "openWorldHint": self.meta.kind in ("model", "upstream"),
         }
         tool["_meta"] = {META_KEY: {**self.meta.to_dict(), "toolsets": sorted(self.toolsets)}}
