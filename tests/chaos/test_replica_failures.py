@@ -74,6 +74,19 @@ class Stream:
         return [result for (result,) in done]
 
 
+async def started_on(server: ServerProcess, path: Path, count: int = 20, timeout_s: float = 20.0) -> None:
+    """Wait until ``count`` tick calls have started on ``server`` (each then sleeps a while).
+
+    Waiting for evidence rather than a fixed time keeps the kill mid-call on a cold or
+    loaded machine too.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while sum(server.proc.pid in pids for pids in executions(path).values()) < count:
+        assert loop.time() < deadline, f"fewer than {count} calls started on the victim"
+        await asyncio.sleep(0.01)
+
+
 async def stream_through_a_kill(tool: str, path: Path) -> tuple[Stream, list[Result], int, int]:
     """2,000 calls in 20 waves over two replicas; kill -9 one of them after ~8 waves.
 
@@ -84,7 +97,7 @@ async def stream_through_a_kill(tool: str, path: Path) -> tuple[Stream, list[Res
         async with ToolClient([victim.url, survivor.url], timeout_s=30, health_interval_s=0.2) as client:
             stream = Stream(client, tool, path, seconds=0.4)
             waves = asyncio.create_task(stream.waves(20, 100, gap_s=0.05))
-            await asyncio.sleep(0.4)  # the victim has calls running, queued, and on the wire
+            await started_on(victim, path)  # so the victim has calls running when it dies
             await asyncio.to_thread(kill_hard, victim)
             after_kill = len(stream.calls)
             await waves
