@@ -10,23 +10,14 @@ Real confined workers throughout.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import pytest
 
 from protocol import ErrorKind, SessionState, ToolError
+from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
-
-
-@dataclass
-class Ctx:
-    session: SessionState | None
-    call_id: str = "call-1"
-
-    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
-        raise NotImplementedError
 
 
 @pytest.fixture

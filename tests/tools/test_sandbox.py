@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import anyio
 import pytest
 
 from protocol import ErrorKind, SessionState, ToolError, get_tool_meta
+from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
 from tools.sandbox import (
     SandboxError,
@@ -379,15 +379,6 @@ async def test_tampered_control_channel_only_breaks_its_own_worker(
 
 
 # -- the python tool ---------------------------------------------------------------------
-@dataclass
-class Ctx:
-    session: SessionState | None
-    call_id: str = "call-1"
-
-    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-
 @pytest.fixture
 async def python_tool() -> Any:
     tool = PythonTool(pool_size=1, timeout_s=2, cpu_s=2, memory_mb=256, max_output_bytes=2000)

@@ -5,23 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from protocol import ErrorKind, SessionState, ToolError, ToolOutput, get_tool_meta
+from tests.support.tool_context import Ctx
 from tools.sql import SqlTool, build_demo_database, render_table
-
-
-@dataclass
-class Ctx:
-    session: SessionState | None
-    call_id: str = "call-1"
-
-    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
-        raise NotImplementedError
 
 
 @pytest.fixture
