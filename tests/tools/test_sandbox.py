@@ -16,6 +16,7 @@ of the security campaign.
 
 from __future__ import annotations
 
+import ast
 import os
 import socket
 import subprocess
@@ -28,6 +29,7 @@ from typing import Any
 import anyio
 import pytest
 
+import tools.sandbox
 from protocol import ErrorKind, SessionState, ToolError, get_tool_meta
 from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
@@ -453,3 +455,11 @@ async def test_python_tool_rejects_oversized_code(python_tool: PythonTool) -> No
     with pytest.raises(ToolError) as info:
         await python_tool("x = 1\n" * 50_000, Ctx(None))
     assert info.value.kind is ErrorKind.INVALID_ARGUMENTS and "over the limit" in info.value.message
+
+
+def test_the_worker_needs_only_the_standard_library() -> None:
+    """It confines itself before anything else runs: a project import would run unconfined."""
+    tree = ast.parse(Path(tools.sandbox._WORKER_PATH).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert {name.split(".")[0] for name in names} <= set(sys.stdlib_module_names) | {"__future__"}

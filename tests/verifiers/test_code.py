@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import gzip
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from protocol import VerifyRequest
+from tools.verifiers import code as code_module
 from tools.verifiers.code import build_program, code_tests, read_report, static_assert_count
 
 TESTS = """
@@ -150,6 +153,14 @@ def test_static_assert_count():
     assert static_assert_count(TESTS) == 3
     assert static_assert_count(["a", "b"]) == 2
     assert static_assert_count("def broken(:") == 1
+
+
+def test_the_harness_needs_only_the_standard_library():
+    """It runs in the sandbox, where the project and its dependencies are not visible."""
+    tree = ast.parse(Path(code_module.__file__).with_name("code_harness.py").read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert {name.split(".")[0] for name in names} <= set(sys.stdlib_module_names) | {"__future__"}
 
 
 def test_program_embeds_code_as_literals():

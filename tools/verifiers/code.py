@@ -12,8 +12,8 @@
 The candidate is the last ```python block of the answer, else the answer itself. The
 candidate and the tests run together in ``tools.sandbox.run_python`` (a separate,
 resource-limited process); nothing of either ever runs in this process. A small harness
-rewrites each ``assert`` of the tests so that a failing assertion is counted instead of
-stopping the run, so the score is the fraction of assertions that passed. A run that
+(``code_harness.py``, sent as source) rewrites each ``assert`` of the tests so that a
+failing assertion is counted instead of stopping the run, so the score is the fraction of assertions that passed. A run that
 dies early (timeout, crash, ``exit()``) counts every assertion it did not reach as failed.
 
 Options in ``request.arguments``: ``timeout_s`` (default 10), ``memory_mb`` (default
@@ -30,98 +30,15 @@ from __future__ import annotations
 import ast
 import json
 import secrets
+from pathlib import Path
 from typing import Any
 
 from protocol import VerifyRequest, VerifyResult, verifier
 from tools.verifiers.text import extract_answer, extract_code, final_text
 
 MAX_MARKERS = 1000  # per-assertion progress lines; the final summary still counts all
-_HARNESS = r"""
-import ast as _tf_ast
-import json as _tf_json
-import os as _tf_os
-import sys as _tf_sys
-
-_TF_NONCE = {nonce!r}
-_TF_CODE = {code!r}
-_TF_TESTS = {tests!r}
-_TF_ENTRY = {entry!r}
-_TF_MAX_MARKERS = {max_markers!r}
-_TF_ASSERT = "_tf_assert_" + _TF_NONCE.strip("@")  # unguessable name the rewritten asserts call
-_tf_state = {{"passed": 0, "failed": 0, "failures": []}}
-
-
-def _tf_emit(text):
-    _tf_os.write(1, (_TF_NONCE + text + "\n").encode("utf-8", "replace"))
-
-
-def _tf_record(ok, where, error=None):
-    _tf_state["passed" if ok else "failed"] += 1
-    if not ok and len(_tf_state["failures"]) < 5:
-        _tf_state["failures"].append({{"where": where, "error": error}})
-    if _tf_state["passed"] + _tf_state["failed"] <= _TF_MAX_MARKERS:
-        _tf_emit("." if ok else "x")
-
-
-def _tf_assert(check, where):
-    try:
-        ok = bool(check())
-        error = None if ok else "assertion failed"
-    except BaseException as exc:  # the code under test may raise anything, exit() included
-        ok, error = False, type(exc).__name__ + ": " + str(exc)[:200]
-    _tf_record(ok, where, error)
-
-
-class _TfRewrite(_tf_ast.NodeTransformer):
-    def visit_Assert(self, node):
-        where = "tests line %d" % node.lineno
-        check = _tf_ast.Lambda(
-            args=_tf_ast.arguments(posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
-            body=node.test,
-        )
-        call = _tf_ast.Call(
-            func=_tf_ast.Name(id=_TF_ASSERT, ctx=_tf_ast.Load()),
-            args=[check, _tf_ast.Constant(where)],
-            keywords=[],
-        )
-        return _tf_ast.copy_location(_tf_ast.Expr(call), node)
-
-
-def _tf_summary(event, error=None):
-    _tf_emit(_tf_json.dumps(dict(_tf_state, event=event, error=error)))
-
-
-def _tf_main():
-    namespace = {{"__name__": "__candidate__"}}
-    _tf_sys.stdout = open(_tf_os.devnull, "w")  # the program's prints cannot crowd out the report
-    try:
-        exec(compile(_TF_CODE, "<candidate>", "exec"), namespace)
-    except BaseException as exc:
-        return _tf_summary("candidate_error", type(exc).__name__ + ": " + str(exc)[:500])
-    if _TF_ENTRY and _TF_ENTRY not in namespace:
-        return _tf_summary("candidate_error", "the program does not define " + repr(_TF_ENTRY))
-    namespace[_TF_ASSERT] = _tf_assert  # only after the candidate ran
-    if isinstance(_TF_TESTS, list):
-        for index, statement in enumerate(_TF_TESTS):
-            try:
-                exec(compile(statement, "<test %d>" % index, "exec"), namespace)
-            except BaseException as exc:
-                _tf_record(False, "test %d" % index, type(exc).__name__ + ": " + str(exc)[:200])
-            else:
-                _tf_record(True, "test %d" % index)
-        return _tf_summary("done")
-    try:
-        tree = _tf_ast.fix_missing_locations(_TfRewrite().visit(_tf_ast.parse(_TF_TESTS)))
-        exec(compile(tree, "<tests>", "exec"), namespace)
-        if _TF_ENTRY and callable(namespace.get("check")):
-            namespace["check"](namespace[_TF_ENTRY])
-    except BaseException as exc:
-        return _tf_summary("tests_error", type(exc).__name__ + ": " + str(exc)[:500])
-    return _tf_summary("done")
-
-
-_tf_main()
-"""
+# Sent to the sandbox as source, not imported: nothing of the candidate runs in this process.
+_HARNESS = Path(__file__).with_name("code_harness.py").read_text(encoding="utf-8")
 
 
 class TaskError(ValueError):
@@ -158,8 +75,11 @@ def static_assert_count(tests: str | list[str]) -> int:
 
 
 def build_program(code: str, tests: str | list[str], entry: str | None, nonce: str) -> str:
-    """The harness with the candidate and the tests embedded as string literals."""
-    return _HARNESS.format(nonce=nonce, code=code, tests=tests, entry=entry, max_markers=MAX_MARKERS)
+    """The harness source and a call that hands it the candidate and the tests (as a JSON literal)."""
+    config = json.dumps(
+        {"nonce": nonce, "code": code, "tests": tests, "entry": entry, "max_markers": MAX_MARKERS}
+    )
+    return f"{_HARNESS}\n\nrun({config!r})\n"
 
 
 def read_report(stdout: str, nonce: str) -> tuple[dict[str, Any] | None, int, int]:

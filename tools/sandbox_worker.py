@@ -1,0 +1,603 @@
+"""The sandbox worker: ``tools.sandbox`` runs it as ``python -I sandbox_worker.py <config json>``.
+
+Trusted code that confines its own process first (namespaces, new root, uid, limits,
+seccomp: what each step guarantees is in ``tools.sandbox``'s docstring), then serves
+requests framed on its stdin/stdout: each request's code is ``exec``-ed in one persistent
+namespace, and the value of a trailing expression is returned like a REPL does.
+
+Standard library only, nothing from the project: it runs under whichever interpreter the
+server names, with the project's files hidden. The interpreter reads and compiles this
+file before any of it runs, so the file need not be visible from inside the new root.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import ctypes
+import io
+import json
+import linecache
+import os
+import resource
+import signal
+import stat
+import sys
+import traceback
+from typing import Any
+
+MACHINE = os.uname().machine
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
+PR_SET_SECCOMP, PR_SET_CHILD_SUBREAPER, PR_SET_NO_NEW_PRIVS = 22, 36, 38
+AF_VSOCK = 40  # host <-> VM sockets: not confined by a network namespace
+
+# The tables below keep one line per group: ruff would put one item a line.
+# fmt: off
+# What the new root shows of the host besides the interpreter (all read-only).
+SYSTEM_PATHS = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+    "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
+)
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+# Syscalls the seccomp filter refuses (EPERM), by group; why is in tools.sandbox's docstring.
+DENIED = (
+    # new namespaces, mounts, changing root: the filesystem and network confinement stay as set up
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "open_tree_attr",
+    "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
+    # reaching into other processes
+    "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    # large kernel attack surface no Python code needs
+    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "keyctl", "add_key", "request_key",
+    # host administration (these need capabilities the worker lacks; refused outright anyway)
+    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+    "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "fanotify_init", "vhangup",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "open_by_handle_at", "iopl", "ioperm",
+    "uselib",
+)
+SYSCALLS = {  # machine: (AUDIT_ARCH, {name: number})
+    "x86_64": (0xC000003E, dict(
+        unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, chroot=161, open_tree=428,
+        open_tree_attr=467, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+        mount_setattr=442, ptrace=101, process_vm_readv=310, process_vm_writev=311, process_madvise=440,
+        pidfd_getfd=438, kcmp=312, bpf=321, perf_event_open=298, userfaultfd=323, io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, keyctl=250, add_key=248, request_key=249,
+        kexec_load=246, kexec_file_load=320, init_module=175, finit_module=313, delete_module=176,
+        reboot=169, swapon=167, swapoff=168, acct=163, syslog=103, quotactl=179, quotactl_fd=443,
+        lookup_dcookie=212, fanotify_init=300, vhangup=153, settimeofday=164, clock_settime=227,
+        clock_adjtime=305, adjtimex=159, open_by_handle_at=304, iopl=172, ioperm=173, uselib=134,
+        clone=56, clone3=435, socket=41, prctl=157, seccomp=317,
+    )),
+    "aarch64": (0xC00000B7, dict(
+        unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428,
+        open_tree_attr=467, move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433,
+        mount_setattr=442, ptrace=117, process_vm_readv=270, process_vm_writev=271, process_madvise=440,
+        pidfd_getfd=438, kcmp=272, bpf=280, perf_event_open=241, userfaultfd=282, io_uring_setup=425,
+        io_uring_enter=426, io_uring_register=427, keyctl=219, add_key=217, request_key=218,
+        kexec_load=104, kexec_file_load=294, init_module=105, finit_module=273, delete_module=106,
+        reboot=142, swapon=224, swapoff=225, acct=89, syslog=116, quotactl=60, quotactl_fd=443,
+        lookup_dcookie=18, fanotify_init=262, vhangup=58, settimeofday=170, clock_settime=112,
+        clock_adjtime=266, adjtimex=171, open_by_handle_at=265,
+        clone=220, clone3=435, socket=198, prctl=167, seccomp=277,
+    )),
+}
+
+# fmt: on
+
+
+def send(obj):
+    data = json.dumps(obj).encode()
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(CTL_OUT, data) :]
+
+
+def read_exact(n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(CTL_IN, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def receive():
+    head = read_exact(4)
+    body = head and read_exact(int.from_bytes(head, "big"))
+    return None if body is None else json.loads(body)
+
+
+def libc_call(libc, what, fn, *args):
+    if fn(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def blocked(path, hidden):
+    """(dir, child): the first directory on the way to path that is hidden or others cannot enter."""
+    cur = "/"
+    for comp in [c for c in path.split("/") if c]:
+        if cur in hidden or not os.stat(cur).st_mode & stat.S_IXOTH:
+            return cur, comp
+        cur = os.path.join(cur, comp)
+    return None
+
+
+def within(path, tops):
+    return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
+
+
+def mounter(libc):
+    libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
+
+    def mount(src, target, fstype, flags, data=None):
+        src, fstype, data = (None if a is None else a.encode() for a in (src, fstype, data))
+        libc_call(libc, "mount " + target, libc.mount, src, target.encode(), fstype, flags, data)
+
+    return mount
+
+
+class Root:
+    """The new root under construction at top: host paths are shown at the same place inside it."""
+
+    def __init__(self, mount, top):
+        self.mount, self.top, self.covers = mount, top, []
+
+    def inner(self, path):
+        return self.top + path
+
+    def mkdirs(self, path):
+        if not os.path.lexists(self.inner(path)):
+            os.makedirs(self.inner(path), 0o755)
+
+    def tmpfs(self, path, options):
+        self.mkdirs(path)
+        self.mount("tmpfs", self.inner(path), "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+    def bind(self, path, flags=MS_RDONLY | MS_NOSUID | MS_NODEV):
+        """Bind one host file or directory (not what is mounted below it) at the same path."""
+        host, inner = os.stat(path), self.inner(path)
+        try:
+            seen = os.stat(inner)
+            if (seen.st_dev, seen.st_ino) == (host.st_dev, host.st_ino):
+                return  # already visible through a tree shown before
+        except FileNotFoundError:
+            pass
+        if stat.S_ISDIR(host.st_mode):
+            self.mkdirs(path)
+        elif not os.path.lexists(inner):
+            self.mkdirs(os.path.dirname(path))
+            os.close(os.open(inner, os.O_CREAT | os.O_WRONLY, 0o644))
+        self.mount(path, inner, None, MS_BIND)
+        self.mount(None, inner, None, MS_REMOUNT | MS_BIND | flags)  # a bind ignores flags: remount
+
+    def show(self, path, hops=0):
+        """Make a host path visible, read-only, with every symlink on the way to it (if it exists)."""
+        parts = [c for c in path.split("/") if c]
+        cur = "/"
+        for i, comp in enumerate(parts):
+            nxt = os.path.join(cur, comp)
+            try:
+                mode = os.lstat(nxt).st_mode
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            if stat.S_ISLNK(mode):
+                if hops > 40:
+                    raise OSError(f"too many symlinks on the way to {path}")
+                target = os.readlink(nxt)
+                if not os.path.lexists(self.inner(nxt)):
+                    os.symlink(target, self.inner(nxt))
+                rest = "/".join(parts[i + 1 :])
+                return self.show(os.path.normpath(os.path.join(cur, target, rest)), hops + 1)
+            if i < len(parts) - 1:
+                self.mkdirs(nxt)
+            cur = nxt
+        self.bind(cur)
+
+    def cover(self, path):
+        """Hide a path that a shown tree reveals: an empty tmpfs over a directory, /dev/null over a file."""
+        inner = self.inner(path)
+        if os.path.islink(inner) or not os.path.exists(inner):
+            return
+        if os.path.isdir(inner):
+            self.tmpfs(path, "size=16k,nr_inodes=64,mode=0755")
+        else:
+            self.mount("/dev/null", inner, None, MS_BIND)
+        self.covers.append(inner)
+
+    def write(self, path, text):
+        self.mkdirs(os.path.dirname(path))
+        with open(self.inner(path), "w") as fh:
+            fh.write(text)
+
+    def seal(self):
+        for inner in self.covers:
+            self.mount(None, inner, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def interpreter_paths(hidden):
+    """Its prefixes and executable, and the sys.path entries outside hidden dirs (or inside a prefix)."""
+    prefixes = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix}
+    real_prefixes = [os.path.realpath(p) for p in prefixes]
+    paths = prefixes | {sys.executable}
+    for entry in sys.path:
+        if entry and os.path.exists(entry):
+            real = os.path.realpath(entry)
+            if within(real, real_prefixes) or not within(real, hidden):
+                paths.add(entry)
+    return sorted(paths)
+
+
+def mount_proc(root):
+    """A /proc of its own that lists only processes of its uid (hidepid needs Linux >= 5.8)."""
+    root.mkdirs("/proc")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    try:
+        root.mount("proc", root.inner("/proc"), "proc", flags, "hidepid=invisible")
+        return "own processes only (hidepid)"
+    except OSError as exc:
+        root.mount("proc", root.inner("/proc"), "proc", flags)
+        return f"host processes visible ({exc})"
+
+
+def build_root(mount, top, uid, report):
+    """A tmpfs at top laid out like /, holding only what Python needs: deny by default."""
+    mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
+    root = Root(mount, top)
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    for path, size in (("/tmp", CONFIG["tmpfs_mb"]), ("/var/tmp", 4), ("/dev/shm", 4)):
+        root.tmpfs(path, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
+    for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
+        os.symlink("/proc/self/fd" + target, root.inner("/dev/" + name))
+    report["proc"] = mount_proc(root)
+    for path in SYSTEM_PATHS:
+        root.show(path)
+    hidden = [os.path.realpath(p) for p in CONFIG["hide"]]
+    for path in hidden:
+        root.cover(path)
+    for path in interpreter_paths(hidden):
+        root.show(path)
+    name = f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if uid is not None else ""
+    root.write("/etc/passwd", "root:x:0:0::/root:/usr/sbin/nologin\n" + name)
+    root.write("/etc/group", "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if uid is not None else ""))
+    root.seal()
+
+
+def enter_root(libc, mount, top):
+    """Make top the root: pivot_root and detach the host's tree (chroot where pivot_root is refused)."""
+    os.chdir(top)
+    try:
+        nr = SYSCALLS.get(MACHINE, (0, {}))[1].get("pivot_root")
+        if nr is None:
+            raise OSError(f"no pivot_root number for {MACHINE}")
+        libc_call(libc, "pivot_root", libc.syscall, ctypes.c_long(nr), b".", b".")
+        libc_call(libc, "umount old root", libc.umount2, b".", MNT_DETACH)
+        how = "pivot_root"
+    except OSError as exc:
+        os.chroot(".")  # the worker drops root and cannot chroot again, so this holds too
+        how = f"chroot ({exc})"
+    os.chdir("/")
+    mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return how
+
+
+def isolate_namespaces(libc, uid, report):
+    """New mount + network namespaces (root): a fresh root that shows only what Python needs."""
+    mount = mounter(libc)
+    libc_call(libc, "unshare(mount, net)", libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
+    report["network"] = "network namespace (no interfaces up)"
+    mount("none", "/", None, MS_REC | MS_PRIVATE)
+    top = CONFIG["hostdir"]
+    try:
+        build_root(mount, top, uid, report)
+        report["root"] = enter_root(libc, mount, top)
+    except BaseException:
+        libc.umount2(top.encode(), MNT_DETACH)  # drop the half-built root; the weak mode follows
+        report.pop("proc", None)
+        raise
+    report["filesystem"] = (
+        "mount namespace, new root: system and interpreter files only (read-only); "
+        "private tmpfs /tmp, /var/tmp, /dev/shm"
+    )
+    return "/tmp"
+
+
+def drop_capabilities(libc):
+    """capset(2) with empty sets: no capabilities left, in any namespace."""
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice (64-bit sets)
+    libc_call(libc, "capset", libc.capset, header, data)
+
+
+def seccomp_program(arch, nrs):
+    """Classic BPF: wrong arch kills, denied syscalls fail with EPERM, everything else runs."""
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    eperm, enosys = 0x00050000 | 1, 0x00050000 | 38
+    code = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if MACHINE == "x86_64":
+        code += [(jge, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # x32 syscall numbers
+    for nr in sorted({nrs[name] for name in DENIED if name in nrs}):
+        code += [(jeq, 0, 1, nr), (ret, 0, 0, eperm)]
+    code += [(jeq, 0, 1, nrs["clone3"]), (ret, 0, 0, enosys)]  # flags out of reach: libc falls back to clone
+    for name, test, value in (
+        ("clone", jset, CLONE_NEW_ANY),  # fork and threads yes, new namespaces no
+        ("socket", jeq, AF_VSOCK),
+        ("prctl", jeq, PR_SET_CHILD_SUBREAPER),  # orphans must keep coming back to the worker
+    ):
+        code += [
+            (jeq, 0, 4, nrs[name]),
+            (ld, 0, 0, 16),
+            (test, 0, 1, value),
+            (ret, 0, 0, eperm),
+            (ret, 0, 0, allow),
+        ]
+    code.append((ret, 0, 0, allow))
+    return code
+
+
+def install_seccomp(libc):
+    if MACHINE not in SYSCALLS:
+        return f"unavailable: no syscall table for {MACHINE}"
+
+    class Filter(ctypes.Structure):
+        _fields_ = [
+            ("code", ctypes.c_uint16),
+            ("jt", ctypes.c_uint8),
+            ("jf", ctypes.c_uint8),
+            ("k", ctypes.c_uint32),
+        ]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    arch, nrs = SYSCALLS[MACHINE]
+    code = seccomp_program(arch, nrs)
+    prog = Program(len(code), (Filter * len(code))(*code))
+    long = ctypes.c_long
+    try:  # every thread (a preloaded module may have started some), else this one only
+        libc_call(libc, "seccomp", libc.syscall, long(nrs["seccomp"]), long(1), long(1), ctypes.byref(prog))
+    except OSError:
+        try:
+            libc_call(
+                libc,
+                "prctl(SECCOMP)",
+                libc.prctl,
+                long(PR_SET_SECCOMP),
+                long(2),
+                ctypes.byref(prog),
+                long(0),
+                long(0),
+            )
+        except OSError as exc:
+            return f"unavailable: {exc}"
+    return f"filter: {len(code)} instructions (no namespaces, mounts, ptrace, bpf, io_uring, keyrings, vsock)"
+
+
+def tasks_of_user(uid):
+    """Processes and threads of uid: what RLIMIT_NPROC counts."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/status", "rb") as fh:
+                status = fh.read()
+            if int(status.partition(b"\nUid:")[2].split()[0]) == uid:
+                total += int(status.partition(b"\nThreads:")[2].split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+def block_network(event, args):
+    if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
+        raise PermissionError("network access is disabled in this sandbox")
+
+
+def confine():
+    report = {}
+    uid = CONFIG["uid"]
+    libc = ctypes.CDLL(None, use_errno=True)
+    os.umask(0o022)
+    workdir = CONFIG["hostdir"]
+    mounted = False
+    report["filesystem"] = "private host directory (weak: no mount namespace)"
+    if not CONFIG["namespaces"]:
+        report["namespaces_error"] = "disabled by configuration"
+    elif os.geteuid() != 0:
+        report["namespaces_error"] = "not root"
+    else:
+        try:
+            workdir = isolate_namespaces(libc, uid, report)
+            mounted = True
+        except OSError as exc:
+            report["namespaces_error"] = str(exc)
+    if "network" not in report:
+        try:
+            if not CONFIG["namespaces"] or os.geteuid() == 0:
+                raise OSError("skipped")
+            libc_call(libc, "unshare(user, net)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET)
+            drop_capabilities(libc)  # a new user namespace grants all capabilities inside it
+            report["network"] = "user + network namespace"
+        except OSError:
+            sys.addaudithook(block_network)
+            report["network"] = "audit hook (weak: blocks socket calls made through Python)"
+    os.chdir(workdir)
+
+    mb = 1 << 20
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_CPU, (CONFIG["worker_cpu_s"], CONFIG["worker_cpu_s"]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (CONFIG["max_file_mb"] * mb, CONFIG["max_file_mb"] * mb))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (CONFIG["max_open_files"], CONFIG["max_open_files"]))
+    nproc = CONFIG["max_processes"]
+    if uid is None:  # shared uid: allow this many more than the user already runs
+        nproc += tasks_of_user(os.getuid())
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    if uid is not None:
+        if not mounted:
+            hit = next((h for h in (blocked(p, set()) for p in (sys.base_prefix, sys.prefix)) if h), None)
+            if hit:
+                raise OSError(
+                    f"cannot drop privileges: the interpreter is under {hit[0]}, which other users cannot "
+                    "enter, and no mount namespace is available to expose it (needs CAP_SYS_ADMIN); "
+                    "install Python in a world-readable location"
+                )
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        report["user"] = f"uid {uid} (dedicated, unprivileged)"
+    else:
+        report["user"] = f"uid {os.getuid()} (the server's own user)"
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)  # orphans come back here, not to the host's init
+    report["processes"] = f"RLIMIT_NPROC={nproc}" + (
+        "" if uid is not None else " (shared with the server's user)"
+    )
+    os.environ.update(HOME=workdir, TMPDIR=workdir, PWD=workdir)
+    sys.path.insert(0, workdir)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-long writes raise OSError instead
+    for name in CONFIG["preload"]:
+        __import__(name)
+    memory = CONFIG["memory_mb"] * mb
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    report["seccomp"] = install_seccomp(libc)  # the last step: untrusted code runs next
+    return report
+
+
+def setup_stdio():
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(CONFIG["stdout_fd"], 1)
+    os.dup2(CONFIG["stderr_fd"], 2)
+    for fd in (devnull, CONFIG["stdout_fd"], CONFIG["stderr_fd"]):
+        os.close(fd)
+    out = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
+    err = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
+    return out, err
+
+
+def clean(text):
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def capped(text, limit):
+    return (text, False) if len(text) <= limit else (text[:limit], True)
+
+
+def exit_status(code):
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def format_error(exc):
+    if isinstance(exc, SyntaxError):
+        return "".join(traceback.format_exception_only(type(exc), exc))
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
+        tb = tb.tb_next  # drop the worker's own frames
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def reap_children():
+    """Collect finished children: those the server killed after the last call, and orphans
+    (this process is their subreaper), so they stop counting against RLIMIT_NPROC."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def execute(request, namespace, number, out, err):
+    reap_children()
+    code = request["code"]
+    limit = request["max_output"]
+    name = f"<cell {number}>"
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    sys.stdin = io.StringIO(request["stdin"])
+    sys.stdout = sys.__stdout__ = out
+    sys.stderr = sys.__stderr__ = err
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    hard = CONFIG["worker_cpu_s"]
+    soft = min(hard, int(used.ru_utime + used.ru_stime) + 1 + request["cpu_s"])
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    reply = {"value": None, "error": None, "exit_code": 0, "truncated": False}
+    try:
+        tree = ast.parse(code, name, "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, name, "exec"), namespace)  # noqa: S102 - what the sandbox is for
+        if last is not None:
+            value = eval(compile(last, name, "eval"), namespace)  # noqa: S307 - likewise
+            if value is not None:
+                namespace["_"] = value
+                reply["value"], reply["truncated"] = capped(clean(repr(value)), limit)
+    except SystemExit as exc:
+        reply["exit_code"] = exit_status(exc.code)
+    except BaseException as exc:
+        try:
+            reply["error"], cut = capped(clean(format_error(exc)), limit)
+        except BaseException:
+            reply["error"], cut = clean(f"{type(exc).__name__} (traceback unavailable)"), False
+        reply["truncated"] = reply["truncated"] or cut
+        reply["exit_code"] = 1
+    return reply
+
+
+def main():
+    try:
+        out, err = setup_stdio()
+        report = confine()
+    except BaseException as exc:
+        send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        os._exit(70)
+    send({"ready": True, "pid": MAIN_PID, "isolation": report})
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    number = 0
+    while True:
+        request = receive()
+        if request is None:
+            os._exit(0)
+        number += 1
+        try:
+            reply = execute(request, namespace, number, out, err)
+        finally:
+            if os.getpid() != MAIN_PID:
+                os._exit(0)  # a forked child never speaks on the control channel
+        reply["seq"] = request["seq"]  # lets the server skip a stale reply after a forged one
+        try:
+            send(reply)
+        except MemoryError:
+            send(
+                {
+                    "value": None,
+                    "error": "MemoryError while sending the reply",
+                    "exit_code": 1,
+                    "truncated": True,
+                    "seq": request["seq"],
+                }
+            )
+
+
+if __name__ == "__main__":
+    CONFIG: dict[str, Any] = json.loads(sys.argv[1])
+    CTL_IN, CTL_OUT = os.dup(0), os.dup(1)  # the control channel: fds 0 and 1 become stdio in main
+    MAIN_PID = os.getpid()
+    main()
