@@ -2,8 +2,8 @@
 
 Records are plain dataclasses that orjson serialises natively (no ``to_dict`` round
 trip). Not slotted on purpose: orjson reads a dataclass's ``__dict__`` in one pass but
-a slotted one field by field, which made encoding a result 3x slower (1.0 vs 0.3 µs,
-bench/README.md): a tenth of the batched path's server time.
+a slotted one field by field, which made encoding a result several times slower and
+a visible share of the batched path's server time (bench/README.md).
 """
 
 from __future__ import annotations

@@ -45,7 +45,8 @@ class _PlainAsgi:
     """A ``body -> Response`` handler as a plain ASGI app, for the hot route.
 
     Starlette wraps a function endpoint in a Request and an exception-handling layer
-    per request; for /v1/calls that was a sixth of the HTTP cost of a 64-call batch.
+    per request; for /v1/calls that was a sizeable part of the HTTP cost of a batch
+    (bench/README.md).
     Errors still reach the app's exception handlers, which sit outside the router.
     """
 

@@ -92,9 +92,9 @@ class _CollectingEvery:
     Each stateless MCP request leaves ~16 objects in reference cycles inside the SDK
     (its per-request runner and connection point at each other). The server's high GC
     threshold (``server.gc_threshold``: right for the batched path, which leaves none)
-    let them pile up for ~12k requests, and the collection that finally came took
-    0.4 s (about 50 µs per MCP request). Collecting every 256 MCP requests keeps each
-    collection small: ~8 µs per request here (bench/README.md).
+    let them pile up, and the collection that finally came walked everything allocated
+    since: one long pause for every caller. Collecting every 256 MCP requests keeps each
+    collection small (figures in bench/README.md).
 
     A collection also walks every object born since the last one. When the batched path
     has stored many results meanwhile (``long_lived()`` counts them) it is skipped: those

@@ -78,7 +78,7 @@ class Encoder:
         self.model = AutoModel.from_pretrained(self.path).to(device).eval()
         self.dim = int(self.model.config.hidden_size)
         self._lock = threading.Lock()
-        self.encode(["warm-up"])  # the first forward pass is slow (~0.5 s): pay it at load, not on a call
+        self.encode(["warm-up"])  # the first forward pass is slow: pay it at load, not on a call
 
     @property
     def fingerprint(self) -> str:

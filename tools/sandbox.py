@@ -650,7 +650,7 @@ class SandboxWorker:
             return True
 
     def close_sync(self) -> None:
-        """Kill every process of the sandbox, reap and free everything (blocking: ~10 ms)."""
+        """Kill every process of the sandbox, reap and free everything (blocking: run it in a thread)."""
         self.kill()
         if self._closed:
             return

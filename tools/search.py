@@ -3,13 +3,13 @@
 ``bm25s`` builds the index (its sparse, precomputed per-token document scores) and
 saves/loads it; the index lives in the cache directory under a key made of the corpus
 file's SHA-256 and the index parameters, so only the first start pays for building
-(~3 s for the built-in corpus) and later starts load it in tens of milliseconds.
+and later starts only load it (bench/README.md has both times).
 
 Scoring a batch is one vectorised pass over bm25s's score arrays: the postings of every
 (query, token) pair are gathered, summed with ``numpy.bincount`` into a dense
 queries x documents matrix, and the top k are taken with ``argpartition``. That gives
-the same scores as ``bm25s.BM25.retrieve`` without its per-query Python loop, which is
-what makes thousands of queries per second possible on one core.
+the same scores as ``bm25s.BM25.retrieve`` without its per-query Python loop, which
+dominates the cost of small queries (throughput in bench/README.md).
 """
 
 from __future__ import annotations
@@ -126,8 +126,8 @@ class BM25Index:
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """Top ``k`` documents with a positive score for each query, best first (ties: corpus order)."""
         ids = [self.token_ids(q) for q in queries]
-        # Small chunks keep the dense queries x documents block in cache (~1.3 MB for 10k docs);
-        # measured here, 16 rows is ~8x faster per query than 256.
+        # Small chunks keep the dense queries x documents block in the CPU cache, which
+        # beats larger vectorised passes (bench/README.md, search).
         chunk = max(1, min(64, 160_000 // max(self.num_docs, 1)))
         hits: list[list[Hit]] = []
         for start in range(0, len(ids), chunk):

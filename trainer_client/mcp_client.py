@@ -1,9 +1,9 @@
 """ToolInvoker over plain MCP, for tool servers that have no batch API.
 
 The same rollout loop can then drive any MCP server (ours at ``/mcp`` or a third
-party's). It is slower than ``ToolClient`` (one JSON-RPC request per call and
-about 2 ms of client CPU per call in the SDK), so the trainer's hot path should use
-the batch API where it exists; this mode is for interoperability.
+party's). It is slower than ``ToolClient`` (one JSON-RPC request per call, and the
+SDK's client spends far more CPU per call: bench/README.md), so the trainer's hot path
+should use the batch API where it exists; this mode is for interoperability.
 
 MCP has no batching, and a failed call is not retried here: it comes back as an
 error result. The trajectory's session id and the call_id travel in the request

