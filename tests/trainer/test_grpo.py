@@ -8,17 +8,21 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-pytest.importorskip("verl")
+from tests.support.require import require
+
+require("verl")
 
 from tests.support.server import REPO, running_server, server_config  # noqa: E402
 from trainer_client.grpo import (  # noqa: E402
     GRPOConfig,
+    GRPOTrainer,
     RolloutBatch,
     SharedPrefixGenerator,
     actor_loss_config,
@@ -193,6 +197,48 @@ def test_grpo_advantage_and_loss_ignore_observation_tokens() -> None:
     assert metrics["kl_loss"] > 0 and "pg_clipfrac" in metrics
 
 
+class _NoPrefixCache:
+    def clear_prefix_cache(self) -> None:
+        pass
+
+
+def test_one_update_makes_the_rewarded_response_more_likely(smol: tuple[Any, Any]) -> None:
+    """The trainer's real update step on a fixed group of two answers to one prompt, one
+    rewarded: the policy must prefer the rewarded answer more than before. A sign error in
+    the advantages or the loss, or an update that never reaches the weights, fails this."""
+    import copy
+
+    tokenizer, model = smol
+    prompt = list(
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "What is 12 * 34?"}], add_generation_prompt=True
+        )["input_ids"]
+    )
+    good, bad = (tokenizer(text, add_special_tokens=False)["input_ids"] for text in ("408", "512"))
+    rows = [
+        replace(trajectory([1] * len(ids), reward), prompt_ids=prompt, response_ids=ids)
+        for ids, reward in ((good, 1.0), (bad, 0.0))
+    ]
+    batch = RolloutBatch.build(rows, [0, 0])
+
+    trainer = GRPOTrainer(GRPOConfig(train_data="unused", lr=1e-5))
+    trainer.model = copy.deepcopy(model)  # the module's model stays as loaded for the other tests
+    trainer.ref_model = None
+    trainer.pad_token_id = 2
+    trainer.generator = _NoPrefixCache()
+    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-5)
+
+    def margin() -> float:
+        with torch.no_grad():
+            log_prob, _ = response_logprobs(trainer.model, [prompt, prompt], [good, bad], pad_token_id=2)
+        return float(log_prob[0].sum() - log_prob[1].sum())
+
+    before = margin()
+    metrics = trainer._update(batch, grpo_advantages(batch))
+    assert metrics["trained_rows"] == 2 and metrics["grad_norm"] > 0
+    assert margin() > before + 0.1, "the update did not move the policy towards the rewarded answer"
+
+
 def test_config_errors_say_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="group_size"):
         GRPOConfig(train_data="x", group_size=1)
@@ -276,7 +322,9 @@ def test_train_two_steps_then_resume(tmp_path: Path) -> None:
         assert (checkpoint / "trainer_state.pt").is_file() and (checkpoint / "config.json").is_file()
         assert (out / "checkpoints" / "latest").read_text() == "step_000002"
         summary = json.loads(first.stdout[first.stdout.index("{") :])
-        assert summary["steps"] == 2 and 0.0 <= summary["final_success"] <= 1.0
+        # Two steps are too few for success to say anything: learning is asserted by
+        # test_one_update_makes_the_rewarded_response_more_likely.
+        assert summary["steps"] == 2 and "final_success" in summary
 
         # the weights moved (the entropy term alone guarantees a gradient)
         from safetensors.torch import load_file

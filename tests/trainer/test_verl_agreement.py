@@ -22,11 +22,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.require import require
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
 
-ct_wiring = pytest.importorskip(
+ct_wiring = require(
     "verl.utils.tokenizer.continuous_token_wiring",
     reason="veRL 0.9.1 is not installed (pip install 'toolfactory[trainer]'); agreement cannot be checked",
 )

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-pytest.importorskip("verl")
+__import__("tests.support.require").support.require.require("verl")
 pytest.importorskip("fastapi")
 
 from tests.support.server import REPO, running_server, server_config  # noqa: E402

@@ -14,7 +14,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("verl")
+from tests.support.require import require
+
+require("verl")
 
 from tests.support.server import REPO  # noqa: E402
 
