@@ -24,6 +24,7 @@ import signal
 import stat
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 MACHINE = os.uname().machine
@@ -88,15 +89,17 @@ SYSCALLS = {  # machine: (AUDIT_ARCH, {name: number})
 
 # fmt: on
 
+Mount = Callable[..., None]  # mount(src, target, fstype, flags, data=None), from mounter()
 
-def send(obj):
+
+def send(obj: dict[str, Any]) -> None:
     data = json.dumps(obj).encode()
     data = len(data).to_bytes(4, "big") + data
     while data:
         data = data[os.write(CTL_OUT, data) :]
 
 
-def read_exact(n):
+def read_exact(n: int) -> bytes | None:
     buf = bytearray()
     while len(buf) < n:
         chunk = os.read(CTL_IN, n - len(buf))
@@ -106,19 +109,19 @@ def read_exact(n):
     return bytes(buf)
 
 
-def receive():
+def receive() -> dict[str, Any] | None:
     head = read_exact(4)
     body = head and read_exact(int.from_bytes(head, "big"))
     return None if body is None else json.loads(body)
 
 
-def libc_call(libc, what, fn, *args):
+def libc_call(libc: ctypes.CDLL, what: str, fn: Any, *args: Any) -> None:
     if fn(*args) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def blocked(path, hidden):
+def blocked(path: str, hidden: set[str]) -> tuple[str, str] | None:
     """(dir, child): the first directory on the way to path that is hidden or others cannot enter."""
     cur = "/"
     for comp in [c for c in path.split("/") if c]:
@@ -128,14 +131,14 @@ def blocked(path, hidden):
     return None
 
 
-def within(path, tops):
+def within(path: str, tops: list[str]) -> bool:
     return any(path == top or path.startswith(top.rstrip("/") + "/") for top in tops)
 
 
-def mounter(libc):
+def mounter(libc: ctypes.CDLL) -> Mount:
     libc.mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_char_p]
 
-    def mount(src, target, fstype, flags, data=None):
+    def mount(src: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
         src, fstype, data = (None if a is None else a.encode() for a in (src, fstype, data))
         libc_call(libc, "mount " + target, libc.mount, src, target.encode(), fstype, flags, data)
 
@@ -145,21 +148,21 @@ def mounter(libc):
 class Root:
     """The new root under construction at top: host paths are shown at the same place inside it."""
 
-    def __init__(self, mount, top):
+    def __init__(self, mount: Mount, top: str) -> None:
         self.mount, self.top, self.covers = mount, top, []
 
-    def inner(self, path):
+    def inner(self, path: str) -> str:
         return self.top + path
 
-    def mkdirs(self, path):
+    def mkdirs(self, path: str) -> None:
         if not os.path.lexists(self.inner(path)):
             os.makedirs(self.inner(path), 0o755)
 
-    def tmpfs(self, path, options):
+    def tmpfs(self, path: str, options: str) -> None:
         self.mkdirs(path)
         self.mount("tmpfs", self.inner(path), "tmpfs", MS_NOSUID | MS_NODEV, options)
 
-    def bind(self, path, flags=MS_RDONLY | MS_NOSUID | MS_NODEV):
+    def bind(self, path: str, flags: int = MS_RDONLY | MS_NOSUID | MS_NODEV) -> None:
         """Bind one host file or directory (not what is mounted below it) at the same path."""
         host, inner = os.stat(path), self.inner(path)
         try:
@@ -176,7 +179,7 @@ class Root:
         self.mount(path, inner, None, MS_BIND)
         self.mount(None, inner, None, MS_REMOUNT | MS_BIND | flags)  # a bind ignores flags: remount
 
-    def show(self, path, hops=0):
+    def show(self, path: str, hops: int = 0) -> None:
         """Make a host path visible, read-only, with every symlink on the way to it (if it exists)."""
         parts = [c for c in path.split("/") if c]
         cur = "/"
@@ -199,7 +202,7 @@ class Root:
             cur = nxt
         self.bind(cur)
 
-    def cover(self, path):
+    def cover(self, path: str) -> None:
         """Hide a path that a shown tree reveals: an empty tmpfs over a directory, /dev/null over a file."""
         inner = self.inner(path)
         if os.path.islink(inner) or not os.path.exists(inner):
@@ -210,17 +213,17 @@ class Root:
             self.mount("/dev/null", inner, None, MS_BIND)
         self.covers.append(inner)
 
-    def write(self, path, text):
+    def write(self, path: str, text: str) -> None:
         self.mkdirs(os.path.dirname(path))
         with open(self.inner(path), "w") as fh:
             fh.write(text)
 
-    def seal(self):
+    def seal(self) -> None:
         for inner in self.covers:
             self.mount(None, inner, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
-def interpreter_paths(hidden):
+def interpreter_paths(hidden: list[str]) -> list[str]:
     """Its prefixes and executable, and the sys.path entries outside hidden dirs (or inside a prefix)."""
     prefixes = {sys.base_prefix, sys.base_exec_prefix, sys.prefix, sys.exec_prefix}
     real_prefixes = [os.path.realpath(p) for p in prefixes]
@@ -233,7 +236,7 @@ def interpreter_paths(hidden):
     return sorted(paths)
 
 
-def mount_proc(root):
+def mount_proc(root: Root) -> str:
     """A /proc of its own that lists only processes of its uid (hidepid needs Linux >= 5.8)."""
     root.mkdirs("/proc")
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
@@ -245,7 +248,7 @@ def mount_proc(root):
         return f"host processes visible ({exc})"
 
 
-def build_root(mount, top, uid, report):
+def build_root(mount: Mount, top: str, uid: int | None, report: dict[str, str]) -> None:
     """A tmpfs at top laid out like /, holding only what Python needs: deny by default."""
     mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     root = Root(mount, top)
@@ -271,7 +274,7 @@ def build_root(mount, top, uid, report):
     root.seal()
 
 
-def enter_root(libc, mount, top):
+def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
     """Make top the root: pivot_root and detach the host's tree (chroot where pivot_root is refused)."""
     os.chdir(top)
     try:
@@ -289,7 +292,7 @@ def enter_root(libc, mount, top):
     return how
 
 
-def isolate_namespaces(libc, uid, report):
+def isolate_namespaces(libc: ctypes.CDLL, uid: int | None, report: dict[str, str]) -> str:
     """New mount + network namespaces (root): a fresh root that shows only what Python needs."""
     mount = mounter(libc)
     libc_call(libc, "unshare(mount, net)", libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
@@ -310,14 +313,14 @@ def isolate_namespaces(libc, uid, report):
     return "/tmp"
 
 
-def drop_capabilities(libc):
+def drop_capabilities(libc: ctypes.CDLL) -> None:
     """capset(2) with empty sets: no capabilities left, in any namespace."""
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
     data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable, twice (64-bit sets)
     libc_call(libc, "capset", libc.capset, header, data)
 
 
-def seccomp_program(arch, nrs):
+def seccomp_program(arch: int, nrs: dict[str, int]) -> list[tuple[int, int, int, int]]:
     """Classic BPF: wrong arch kills, denied syscalls fail with EPERM, everything else runs."""
     ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, kill = 0x7FFF0000, 0x80000000
@@ -344,7 +347,7 @@ def seccomp_program(arch, nrs):
     return code
 
 
-def install_seccomp(libc):
+def install_seccomp(libc: ctypes.CDLL) -> str:
     if MACHINE not in SYSCALLS:
         return f"unavailable: no syscall table for {MACHINE}"
 
@@ -382,7 +385,7 @@ def install_seccomp(libc):
     return f"filter: {len(code)} instructions (no namespaces, mounts, ptrace, bpf, io_uring, keyrings, vsock)"
 
 
-def tasks_of_user(uid):
+def tasks_of_user(uid: int) -> int:
     """Processes and threads of uid: what RLIMIT_NPROC counts."""
     total = 0
     for entry in os.listdir("/proc"):
@@ -396,13 +399,13 @@ def tasks_of_user(uid):
     return total
 
 
-def block_network(event, args):
+def block_network(event: str, args: tuple[Any, ...]) -> None:
     if event in ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg"):
         raise PermissionError("network access is disabled in this sandbox")
 
 
-def confine():
-    report = {}
+def confine() -> dict[str, str]:
+    report: dict[str, str] = {}
     uid = CONFIG["uid"]
     libc = ctypes.CDLL(None, use_errno=True)
     os.umask(0o022)
@@ -471,7 +474,7 @@ def confine():
     return report
 
 
-def setup_stdio():
+def setup_stdio() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(CONFIG["stdout_fd"], 1)
@@ -487,15 +490,15 @@ def setup_stdio():
     return out, err
 
 
-def clean(text):
+def clean(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def capped(text, limit):
+def capped(text: str, limit: int) -> tuple[str, bool]:
     return (text, False) if len(text) <= limit else (text[:limit], True)
 
 
-def exit_status(code):
+def exit_status(code: object) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
@@ -504,7 +507,7 @@ def exit_status(code):
     return 1
 
 
-def format_error(exc):
+def format_error(exc: BaseException) -> str:
     if isinstance(exc, SyntaxError):
         return "".join(traceback.format_exception_only(type(exc), exc))
     tb = exc.__traceback__
@@ -513,7 +516,7 @@ def format_error(exc):
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def reap_children():
+def reap_children() -> None:
     """Collect finished children: those the server killed after the last call, and orphans
     (this process is their subreaper), so they stop counting against RLIMIT_NPROC."""
     while True:
@@ -524,7 +527,13 @@ def reap_children():
             return
 
 
-def execute(request, namespace, number, out, err):
+def execute(
+    request: dict[str, Any],
+    namespace: dict[str, Any],
+    number: int,
+    out: io.TextIOWrapper,
+    err: io.TextIOWrapper,
+) -> dict[str, Any]:
     reap_children()
     code = request["code"]
     limit = request["max_output"]
@@ -561,7 +570,7 @@ def execute(request, namespace, number, out, err):
     return reply
 
 
-def main():
+def main() -> None:
     try:
         out, err = setup_stdio()
         report = confine()
