@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the HF backend needs torch (pip install torch==2.13.0)")
+from tests.support.require import require
+
+torch = require("torch", reason="the HF backend needs torch (pip install torch==2.13.0)")
 
 from tests.trainer.conftest import InProcessInvoker  # noqa: E402
 from trainer_client.backends.base import STOP_COMPLETED, STOP_LENGTH, Generator  # noqa: E402
