@@ -29,10 +29,9 @@ from typing import Any, TextIO
 
 import orjson
 
+from trainer_client.dataset import DatasetError, TaskRow, load_tasks
+from trainer_client.shared import URL_ENV
 from trainer_client.summary import format_summary, summarize
-
-SERVER_ENV = "TOOLFACTORY_URL"
-
 
 # ----------------------------------------------------------------------------- registry
 
@@ -72,61 +71,6 @@ class CliError(Exception):
 
 
 # ----------------------------------------------------------------------------- records
-
-
-def _plain(value: Any) -> Any:
-    """Parquet/pandas values (numpy arrays, numpy scalars) as plain JSON-able Python."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    tolist = getattr(value, "tolist", None)
-    if tolist is not None:  # numpy array or scalar
-        return _plain(tolist())
-    return value
-
-
-@dataclass
-class TaskRow:
-    """One prompt from a veRL-format dataset, with its place in the file."""
-
-    index: int
-    data_source: str
-    messages: list[dict[str, Any]]
-    ground_truth: Any
-    extra_info: dict[str, Any]
-
-
-def load_tasks(path: str | Path, *, limit: int | None = None, offset: int = 0) -> list[TaskRow]:
-    """Read veRL-format parquet (``prompt``, ``reward_model.ground_truth``, ``data_source``)."""
-    import pandas as pd
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise CliError(f"dataset {path} not found (build one with: python -m tools.data build --out DIR)")
-    frame = pd.read_parquet(path)
-    if "prompt" not in frame.columns:
-        raise CliError(
-            f"{path} has no 'prompt' column; expected veRL RL-dataset parquet, got {list(frame.columns)}"
-        )
-    end = len(frame) if limit is None else min(len(frame), offset + limit)
-    rows = []
-    for i in range(offset, end):
-        row = {k: _plain(v) for k, v in frame.iloc[i].to_dict().items()}
-        messages = row["prompt"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-            raise CliError(f"{path} row {i}: 'prompt' must be a list of chat messages")
-        reward_model = row.get("reward_model") or {}
-        rows.append(
-            TaskRow(
-                index=i,
-                data_source=str(row.get("data_source") or path.stem),
-                messages=[{k: v for k, v in m.items() if v is not None} for m in messages],
-                ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
-                extra_info=row.get("extra_info") or {},
-            )
-        )
-    return rows
 
 
 def segments(
@@ -249,8 +193,8 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     io = parser.add_argument_group("server and data")
     io.add_argument(
         "--server",
-        default=os.environ.get(SERVER_ENV),
-        help=f"tool server base URL, e.g. http://127.0.0.1:8000 (default ${SERVER_ENV}); "
+        default=os.environ.get(URL_ENV),
+        help=f"tool server base URL, e.g. http://127.0.0.1:8000 (default ${URL_ENV}); "
         "several comma-separated URLs are replicas",
     )
     io.add_argument("--token", default=None, help="bearer token (default $TOOLFACTORY_TOKEN)")
@@ -352,7 +296,7 @@ def default_template(fmt: str, template: str | None) -> str | None:
 
 def _server_urls(value: str | None) -> list[str]:
     if not value:
-        raise CliError(f"no tool server given: pass --server URL or set ${SERVER_ENV}")
+        raise CliError(f"no tool server given: pass --server URL or set ${URL_ENV}")
     return [u.strip() for u in value.split(",") if u.strip()]
 
 
@@ -766,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except CliError as exc:
+    except (CliError, DatasetError) as exc:
         print(f"trainer-client: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -52,6 +52,7 @@ import torch
 import torch.utils.checkpoint
 
 from trainer_client.backends.hf import HFGenerator
+from trainer_client.dataset import TaskRow, load_tasks
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
 from trainer_client.templates import TOOL_SCHEMA_MODES, openai_tool_schemas, prompt_tools
 
@@ -204,55 +205,9 @@ class GRPOConfig:
 # --------------------------------------------------------------------------- data
 
 
-def _plain(value: Any) -> Any:
-    """numpy arrays and scalars from parquet rows -> plain lists, dicts, numbers."""
-    if isinstance(value, np.ndarray):
-        return [_plain(v) for v in value.tolist()]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
 def task_from_row(row: dict[str, Any]) -> Task:
-    """One veRL-format dataset row -> a rollout ``Task``.
-
-    Reads ``prompt`` (chat messages), ``reward_model.ground_truth``, and from
-    ``extra_info`` the optional per-sample ``verifier`` and ``tools`` (JSON schemas for the
-    chat template); everything else in ``extra_info`` lands in ``metadata``.
-    """
-    row = _plain(row)
-    messages = row.get("prompt")
-    if not isinstance(messages, list) or not messages:
-        raise ValueError(f"dataset row has no 'prompt' list of chat messages: {str(row)[:200]}")
-    extra = dict(row.get("extra_info") or {})
-    reward_model = row.get("reward_model") or {}
-    metadata = {"data_source": row.get("data_source"), **extra}
-    return Task(
-        messages=[dict(m) for m in messages],
-        ground_truth=reward_model.get("ground_truth"),
-        tools=extra.get("tools"),
-        verifier=extra.get("verifier"),
-        metadata=metadata,
-    )
-
-
-def load_tasks(path: str | os.PathLike[str], limit: int | None = None) -> list[Task]:
-    """Tasks from a veRL-format parquet file (``python -m tools.data build`` writes them)."""
-    import pandas as pd
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"dataset {path} not found; build it with `python -m tools.data build --out DIR`"
-        )
-    frame = pd.read_parquet(path)
-    if limit is not None:
-        frame = frame.head(limit)
-    return [task_from_row(row) for row in frame.to_dict(orient="records")]
+    """One veRL-format dataset row -> a rollout ``Task`` (see ``dataset.TaskRow.task``)."""
+    return TaskRow.from_row(row).task()
 
 
 # --------------------------------------------------------------------------- shared-prefix computation
@@ -809,8 +764,10 @@ class GRPOTrainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.train_tasks = load_tasks(cfg.train_data, cfg.max_train_rows)
-        self.eval_tasks = load_tasks(cfg.eval_data, cfg.eval_size) if cfg.eval_data else []
+        self.train_tasks = [row.task() for row in load_tasks(cfg.train_data, limit=cfg.max_train_rows)]
+        self.eval_tasks = (
+            [row.task() for row in load_tasks(cfg.eval_data, limit=cfg.eval_size)] if cfg.eval_data else []
+        )
         self.tokenizer, self.model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
         self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         if cfg.device == "cpu":

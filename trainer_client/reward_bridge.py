@@ -22,34 +22,18 @@ logs the rest; a verification that fails (server down, verifier error) scores
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import protocol
 from trainer_client.client import ToolClient
+from trainer_client.shared import URL_ENV, LoopClients, plain
 
 logger = logging.getLogger(__name__)
 
-URL_ENV = "TOOLFACTORY_URL"
-
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, ToolClient]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _plain(value: Any) -> Any:
-    """numpy / OmegaConf values (veRL passes both) -> plain JSON-able Python."""
-    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        return value.tolist()  # numpy arrays and scalars
-    if isinstance(value, Mapping) or type(value).__name__ == "DictConfig":
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) or type(value).__name__ == "ListConfig":
-        return [_plain(v) for v in value]
-    return value
+_CLIENTS = LoopClients()  # per (event loop, URLs, timeout): concurrent scorings batch into few POSTs
 
 
 def _urls(server_urls: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -57,7 +41,7 @@ def _urls(server_urls: str | Sequence[str] | None) -> tuple[str, ...]:
         server_urls = os.environ.get(URL_ENV, "")
     if isinstance(server_urls, str):
         server_urls = [u for u in server_urls.split(",") if u]
-    urls = tuple(_plain(list(server_urls)))
+    urls = tuple(plain(list(server_urls)))
     if not urls:
         raise ValueError(
             "compute_score needs the tool server URL: set reward_kwargs.server_urls in the veRL config "
@@ -66,22 +50,9 @@ def _urls(server_urls: str | Sequence[str] | None) -> tuple[str, ...]:
     return urls
 
 
-def _client(urls: tuple[str, ...], timeout_s: float) -> ToolClient:
-    """One client per event loop and URL set: concurrent scorings batch into few POSTs."""
-    loop = asyncio.get_running_loop()
-    clients = _CLIENTS.setdefault(loop, {})
-    key = (urls, timeout_s)
-    client = clients.get(key)
-    if client is None:
-        client = clients[key] = ToolClient(list(urls), timeout_s=timeout_s)
-    return client
-
-
 async def aclose_clients() -> None:
     """Close the clients of the running event loop (veRL's workers simply exit instead)."""
-    clients = _CLIENTS.pop(asyncio.get_running_loop(), {})
-    for client in clients.values():
-        await client.aclose()
+    await _CLIENTS.aclose()
 
 
 async def verify_one(
@@ -96,11 +67,13 @@ async def verify_one(
     """Score one response with a server verifier (raises nothing for a failed verifier: see ``error``)."""
     request = protocol.VerifyRequest(
         verifier=verifier,
-        ground_truth=_plain(ground_truth),
+        ground_truth=plain(ground_truth),
         response=solution_str,
-        arguments=_plain(dict(verifier_arguments or {})),
+        arguments=plain(dict(verifier_arguments or {})),
     )
-    (result,) = await _client(_urls(server_urls), timeout_s).verify([request])
+    urls = _urls(server_urls)
+    client = _CLIENTS.get((urls, timeout_s), lambda: ToolClient(list(urls), timeout_s=timeout_s))
+    (result,) = await client.verify([request])
     return result
 
 
@@ -122,7 +95,7 @@ async def compute_score(
     ``data_source`` is not used for routing (the verifier is configured, or named per
     sample in ``extra_info``); extra keyword arguments veRL adds are ignored.
     """
-    extra = _plain(dict(extra_info or {}))
+    extra = plain(dict(extra_info or {}))
     name = extra.get("verifier") or verifier
     arguments = extra.get("verifier_arguments") or verifier_arguments
     try:

@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client.cli import Subcommand, register_subcommand
-
-SERVER_ENV = "TOOLFACTORY_URL"
+from trainer_client.shared import URL_ENV
 
 # flag -> (GRPOConfig field, type, help). Types: int, float, str, "json", "bool".
 _FLAGS: dict[str, tuple[str, Any, str]] = {
@@ -108,7 +107,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         action="append",
-        help=f"tool server URL; repeat for replicas (default ${SERVER_ENV} or http://127.0.0.1:8000)",
+        help=f"tool server URL; repeat for replicas (default ${URL_ENV} or http://127.0.0.1:8000)",
     )
     for flag, (_name, kind, text) in _FLAGS.items():
         parser.add_argument(flag, type=str if kind in ("json", "bool") else kind, default=None, help=text)
@@ -147,8 +146,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             values[name] = switched
     if args.server:
         values["server"] = args.server
-    elif "server" not in values and os.environ.get(SERVER_ENV):
-        values["server"] = [u for u in os.environ[SERVER_ENV].split(",") if u]
+    elif "server" not in values and os.environ.get(URL_ENV):
+        values["server"] = [u for u in os.environ[URL_ENV].split(",") if u]
     if "train_data" not in values:
         raise ValueError("--train-data (or train_data in --config) is required")
     return GRPOConfig.from_dict(values)

@@ -31,10 +31,9 @@ tool calls of concurrent trajectories are batched into few POSTs.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import weakref
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict
@@ -50,13 +49,13 @@ from verl.experimental.agent_loop.agent_loop import (
 from trainer_client import verl_config
 from trainer_client.client import ToolClient
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
+from trainer_client.shared import URL_ENV, LoopClients, plain
 from trainer_client.templates import openai_tool_schemas
-from trainer_client.verl_config import AGENT_NAME, LoopSettings, plain
+from trainer_client.verl_config import AGENT_NAME, LoopSettings
 
 logger = logging.getLogger(__name__)
 
 TARGET = verl_config.TARGET  # "trainer_client.verl_agent_loop.ToolFactoryAgentLoop"
-URL_ENV = "TOOLFACTORY_URL"
 
 # Keys of ``reward_extra_info``: veRL stacks them across the batch, so every sample
 # must carry the same ones (the reward components differ between verifiers and live
@@ -88,25 +87,33 @@ def rollout_config_for(
 
 # --------------------------------------------------------------------------- per-process shared state
 
-# One ToolClient per (event loop, URLs, options): trajectories of a worker share it, so
-# their calls are batched together. Weak keys: a closed loop drops its clients.
-_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, ToolClient]] = (
-    weakref.WeakKeyDictionary()
-)
+_CLIENTS = LoopClients()  # per (event loop, URLs, options): a worker's trajectories batch together
 _CORES: OrderedDict[Any, RolloutCore] = OrderedDict()
-_TOOL_SCHEMAS: dict[Any, list[dict[str, Any]]] = {}
 _MAX_CORES = 64
+# Tool schemas read from the server, per (URLs, toolset): (when read, schemas). Re-read after
+# a while, so that a server restarted with other tools is picked up by a long training run.
+_TOOL_SCHEMAS: dict[Any, tuple[float, list[dict[str, Any]]]] = {}
+TOOL_SCHEMAS_TTL_S = 300.0
 
 
 def shared_client(urls: tuple[str, ...], options: Mapping[str, Any] | None = None) -> ToolClient:
     """The process's ``ToolClient`` for these URLs on the running event loop."""
-    loop = asyncio.get_running_loop()
     key = (urls, repr(sorted((options or {}).items())))
-    clients = _CLIENTS.setdefault(loop, {})
-    client = clients.get(key)
-    if client is None or getattr(client, "_closed", False):
-        client = clients[key] = ToolClient(list(urls), **dict(options or {}))
-    return client
+    return _CLIENTS.get(key, lambda: ToolClient(list(urls), **dict(options or {})))
+
+
+async def server_tool_schemas(
+    client: ToolClient, urls: tuple[str, ...], toolset: str | None
+) -> list[dict[str, Any]]:
+    """The toolset's schemas from the server, cached for ``TOOL_SCHEMAS_TTL_S``."""
+    key = (urls, toolset)
+    cached = _TOOL_SCHEMAS.get(key)
+    if cached is None or time.monotonic() - cached[0] > TOOL_SCHEMAS_TTL_S:
+        cached = _TOOL_SCHEMAS[key] = (
+            time.monotonic(),
+            openai_tool_schemas(await client.list_tools(toolset)),
+        )
+    return cached[1]
 
 
 def _core_for(tokenizer: Any, generator: Any, client: ToolClient, config: RolloutConfig) -> RolloutCore:
@@ -169,13 +176,15 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         client = shared_client(settings.server_urls, settings.client_options)
         core = _core_for(self.tokenizer, self.server_manager, client, config)
         task = await self._task(settings, client, kwargs)
-        prompt_tokens = len(core.renderer.prompt_ids(task.messages, task.tools))
+        trajectory = await core.run(task)
+        # Checked on the rendered prompt the core already made (rendering is not free), so
+        # an over-long prompt costs one rollout before this stops the run.
+        prompt_tokens = len(trajectory.prompt_ids)
         if prompt_tokens > self.prompt_length:  # veRL would cut it from the left; say so instead
             raise ValueError(
                 f"the prompt has {prompt_tokens} tokens but rollout.prompt_length is {self.prompt_length}: "
                 "raise actor_rollout_ref.rollout.prompt_length (and data.max_prompt_length)"
             )
-        trajectory = await core.run(task)
         if trajectory.error is not None:
             logger.warning("toolfactory trajectory ended with an error: %s", trajectory.error)
         return self.to_output(trajectory, settings, want_logprobs=bool(sampling_params.get("logprobs")))
@@ -187,10 +196,7 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         reward_model = plain(kwargs.get("reward_model")) or {}
         tools = openai_tool_schemas(settings.tools) if settings.tools is not None else None
         if tools is None and settings.tool_schemas == "server":
-            key = (settings.server_urls, settings.toolset)
-            if key not in _TOOL_SCHEMAS:
-                _TOOL_SCHEMAS[key] = openai_tool_schemas(await client.list_tools(settings.toolset))
-            tools = _TOOL_SCHEMAS[key]
+            tools = await server_tool_schemas(client, settings.server_urls, settings.toolset)
         return Task(
             messages=[dict(m) for m in messages],
             ground_truth=reward_model.get("ground_truth"),
@@ -247,5 +253,7 @@ class ToolFactoryAgentLoop(AgentLoopBase):
 # Like veRL's ``@register(name)``, but an entry that veRL already loaded from the
 # agent-loop YAML (it carries the settings) is kept: this module is imported lazily, by
 # the first ``instantiate`` of that very entry, and must not replace it with a bare one.
-# Registered bare (entry point, no YAML), the settings come from ``$TOOLFACTORY_URL``.
+# veRL's only public way in, ``register``, always overwrites; so this one line writes its
+# (private) registry directly, with ``setdefault``. Registered bare (entry point, no YAML),
+# the settings come from ``$TOOLFACTORY_URL``.
 _agent_loop_registry.setdefault(AGENT_NAME, {"_target_": TARGET})

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_client.cli import Subcommand, register_subcommand
+from trainer_client.shared import plain
 
 AGENT_NAME = "toolfactory"
 TARGET = "trainer_client.verl_agent_loop.ToolFactoryAgentLoop"
@@ -43,21 +44,6 @@ OVERRIDABLE = frozenset(
         "tools",
     }
 )
-
-
-def plain(value: Any) -> Any:
-    """OmegaConf containers, numpy arrays and scalars (veRL hands all three) -> plain Python."""
-    if type(value).__name__ in ("DictConfig", "ListConfig"):
-        from omegaconf import OmegaConf
-
-        return OmegaConf.to_container(value, resolve=True)
-    if isinstance(value, Mapping):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    if hasattr(value, "tolist") and not isinstance(value, str | bytes):
-        return plain(value.tolist())  # numpy array or scalar
-    return value
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,84 @@
+"""Tasks from a veRL-format dataset (parquet rows with ``prompt``, ``reward_model``, ...).
+
+``python -m tools.data build`` writes such files; the rollout CLI and the GRPO trainer
+both read them here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainer_client.shared import plain
+
+if TYPE_CHECKING:
+    from trainer_client.rollout import Task
+
+
+class DatasetError(ValueError):
+    """A dataset that is missing or not in veRL's format; the message says which and why."""
+
+
+@dataclass
+class TaskRow:
+    """One prompt from a veRL-format dataset, with its place in the file."""
+
+    index: int
+    data_source: str | None
+    messages: list[dict[str, Any]]
+    ground_truth: Any
+    extra_info: dict[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], index: int = 0, data_source: str | None = None) -> TaskRow:
+        """A dataset row (numpy values and all); ``data_source`` is the default for the column."""
+        row = plain(row)
+        messages = row.get("prompt")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            raise DatasetError(
+                f"row {index}: 'prompt' must be a list of chat messages, got {str(messages)[:200]}"
+            )
+        reward_model = row.get("reward_model") or {}
+        return cls(
+            index=index,
+            data_source=row.get("data_source") or data_source,
+            # parquet gives every message every key: drop the empty ones (e.g. tool_calls=None)
+            messages=[{k: v for k, v in m.items() if v is not None} for m in messages],
+            ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+            extra_info=dict(row.get("extra_info") or {}),
+        )
+
+    def task(self) -> Task:
+        """A rollout ``Task``: ``extra_info`` may name a ``verifier`` and ``tools`` (JSON
+        schemas for the chat template); all of it lands in ``metadata``."""
+        from trainer_client.rollout import Task  # lazily: the CLI starts without the rollout core
+
+        return Task(
+            messages=[dict(m) for m in self.messages],
+            ground_truth=self.ground_truth,
+            tools=self.extra_info.get("tools"),
+            verifier=self.extra_info.get("verifier"),
+            metadata={"data_source": self.data_source, **self.extra_info},
+        )
+
+
+def load_tasks(path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0) -> list[TaskRow]:
+    """Rows ``offset`` to ``offset + limit`` of a veRL-format parquet file."""
+    import pandas as pd
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise DatasetError(f"dataset {path} not found (build one with: python -m tools.data build --out DIR)")
+    frame = pd.read_parquet(path)
+    if "prompt" not in frame.columns:
+        raise DatasetError(
+            f"{path} has no 'prompt' column; expected veRL RL-dataset parquet, got {list(frame.columns)}"
+        )
+    end = len(frame) if limit is None else min(len(frame), offset + limit)
+    try:
+        return [TaskRow.from_row(frame.iloc[i].to_dict(), i, path.stem) for i in range(offset, end)]
+    except DatasetError as exc:
+        raise DatasetError(f"{path} {exc}") from None
