@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-__import__("tests.support.require").support.require.require("verl")
-pytest.importorskip("fastapi")
+from tests.support.require import require
+
+require("verl")
+require("fastapi")  # veRL's agent loop imports it without declaring it
 
 from tests.support.server import REPO, running_server, server_config  # noqa: E402
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.require import require
 from tests.support.server import running_server, server_config
 from trainer_client import reward_bridge
 from trainer_client.reward_bridge import compute_score
@@ -100,7 +101,7 @@ async def test_missing_server_url_is_a_clear_error(monkeypatch: pytest.MonkeyPat
 
 async def test_loaded_by_verl_from_its_file(url: str) -> None:
     """veRL imports ``custom_reward_function.path`` as a file and merges ``reward_kwargs``."""
-    __import__("tests.support.require").support.require.require("verl")
+    require("verl")
     from pathlib import Path
 
     import verl
