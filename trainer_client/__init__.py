@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from trainer_client.backends.hf import HFGenerator
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
     from trainer_client.client import ToolClient, ToolServerError
+    from trainer_client.client_policies import BatchPolicy, HealthPolicy, RetryPolicy
     from trainer_client.grpo import GRPOConfig, GRPOTrainer
     from trainer_client.mcp_client import McpToolClient
     from trainer_client.models import load_model, load_tokenizer
@@ -45,13 +46,16 @@ if TYPE_CHECKING:
     from trainer_client.templates import make_renderer, openai_tool_schemas
 
 __all__ = [
+    "BatchPolicy",
     "GRPOConfig",
     "GRPOTrainer",
     "Generator",
     "HFGenerator",
+    "HealthPolicy",
     "McpToolClient",
     "ParseOutcome",
     "ParsedCall",
+    "RetryPolicy",
     "RolloutConfig",
     "RolloutCore",
     "ScriptedGenerator",
@@ -79,6 +83,7 @@ __all__ = [
 # Where each exported name lives; the torch-importing modules are marked.
 _MODULES: dict[str, tuple[str, ...]] = {
     "trainer_client.client": ("ToolClient", "ToolServerError"),
+    "trainer_client.client_policies": ("BatchPolicy", "HealthPolicy", "RetryPolicy"),
     "trainer_client.sync": ("SyncToolClient",),
     "trainer_client.mcp_client": ("McpToolClient",),
     "trainer_client.rollout": (
