@@ -65,14 +65,21 @@ def bound_addresses(host: str, port: int = 0) -> list[str]:
     """The addresses a listener on ``host`` binds, resolved the way the server resolves them.
 
     ``""`` (like ``0.0.0.0`` and ``::``) means every interface: asyncio passes it to
-    getaddrinfo with AI_PASSIVE, which answers the wildcard addresses. A name that does
-    not resolve binds nothing and is reported as an error by the caller.
+    getaddrinfo with AI_PASSIVE, which answers the wildcard addresses. ``[::1]`` is read
+    as ``::1``. A name that does not resolve binds nothing (an empty list).
     """
     try:
-        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(
+            host.strip("[]") or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
     except (socket.gaierror, UnicodeError):
         return []
     return sorted({info[4][0] for info in infos})
+
+
+def all_loopback(addresses: list[str]) -> bool:
+    """True when there are addresses and every one is a loopback address."""
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
 def is_loopback(host: str) -> bool:
@@ -81,8 +88,7 @@ def is_loopback(host: str) -> bool:
     Decided from the resolved addresses, never from the spelling: ``""`` binds every
     interface, and a name may resolve to public addresses.
     """
-    addresses = bound_addresses(host.strip("[]") if host else host)
-    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+    return all_loopback(bound_addresses(host))
 
 
 async def _send_json(

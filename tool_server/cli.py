@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from tool_server.auth import bound_addresses, is_loopback, load_tokens
+from tool_server.auth import all_loopback, bound_addresses, load_tokens
 from tool_server.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
 
@@ -176,7 +176,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     insecure = args.insecure or config.server.insecure
     # Decided from the addresses the listener binds, not from the spelling of host
     # ("" binds every interface).
-    if not is_loopback(host) and not load_tokens(config.auth) and not insecure:
+    if not all_loopback(addresses) and not load_tokens(config.auth) and not insecure:
         print(
             f"tool-server: refusing to bind {host!r} ({', '.join(addresses)}) without auth. Set tokens in "
             f"${config.auth.tokens_env} (e.g. TOOLFACTORY_TOKENS=<secret of 16+ chars>) or "

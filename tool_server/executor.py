@@ -399,10 +399,12 @@ class Executor:
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
         """Time the result, keep it (idempotency store, result cache) and count it."""
         result.elapsed_ms = elapsed * 1000.0
+        cache = ticket.cache_key is not None and not result.is_error
+        size = _approx_bytes(result) if store or cache else 0
         if store:
-            self._done.put(ticket.key, (ticket.fingerprint, result), _approx_bytes(result))
-        if ticket.cache_key is not None and not result.is_error:
-            self._cache.put(ticket.cache_key, result, _approx_bytes(result))  # type: ignore[union-attr]
+            self._done.put(ticket.key, (ticket.fingerprint, result), size)
+        if cache:
+            self._cache.put(ticket.cache_key, result, size)  # type: ignore[union-attr]
         self.metrics.tool_stats.for_tool(ticket.entry.name).record(
             "ok" if result.error is None else result.error.kind.value, elapsed
         )

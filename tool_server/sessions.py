@@ -63,18 +63,12 @@ class SessionStore:
         state = self._sessions.get(session_id)
         if state is not None:
             if self._owners[session_id] != tenant:
-                raise ToolError(
-                    f"session id {session_id!r} is taken; choose another, or omit it to get a fresh one",
-                    ErrorKind.BAD_REQUEST,
-                )
+                raise _taken(session_id)
             self._last_used[session_id] = time.monotonic()
             return state
         closed_by = self._closed.get(session_id)
         if closed_by is not None and closed_by != tenant:
-            raise ToolError(
-                f"session id {session_id!r} is taken; choose another, or omit it to get a fresh one",
-                ErrorKind.BAD_REQUEST,
-            )
+            raise _taken(session_id)
         return self._add(tenant, session_id)
 
     def _add(self, tenant: str, session_id: str) -> SessionState:
@@ -119,6 +113,13 @@ class SessionStore:
     async def close_all(self) -> None:
         for sid in list(self._sessions):
             await self.release(None, sid)
+
+
+def _taken(session_id: str) -> ToolError:
+    return ToolError(
+        f"session id {session_id!r} is taken; choose another, or omit it to get a fresh one",
+        ErrorKind.BAD_REQUEST,
+    )
 
 
 async def _close_quietly(state: SessionState) -> None:
