@@ -34,6 +34,10 @@ def build_registry(config: Config) -> Registry:
     for spec in config.verifiers:
         if spec.enabled:
             registry.add_spec(spec, verifier=True, default_timeout_s=config.limits.default_timeout_s)
+    if any(spec.enabled for spec in config.environments):
+        from tool_server.environments import add_environments  # packs import their own code
+
+        add_environments(registry, config.environments, config.limits.default_timeout_s)
     registry.define_toolsets(config.toolsets)
     return registry
 

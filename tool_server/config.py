@@ -110,6 +110,27 @@ class ToolSpec:
 
 
 @dataclass
+class EnvironmentSpec:
+    """One environment pack served as a toolset: a pack directory, or a source that builds one."""
+
+    path: str | None = None  # a pack directory (pack.yaml, state.json, tasks.jsonl)
+    source: str | None = None  # "package.module:callable" returning a Pack, called with `arguments`
+    arguments: dict[str, Any] = field(default_factory=dict)
+    toolset: str | None = None  # the toolset (and /mcp/<toolset>) of its tools; default: the pack id
+    # Served tool names are prefix + the pack's names: two packs with the same tool names
+    # (tau2 airline and retail) can share a server. Build their data with the same prefix.
+    prefix: str = ""
+    timeout_s: float | None = None  # per call (default: limits.default_timeout_s)
+    enabled: bool = True
+
+    def ref(self) -> str:
+        """The directory or source, checked: exactly one of ``path`` and ``source``."""
+        if (self.path is None) == (self.source is None):
+            raise ConfigError(f"environments entry {self}: give exactly one of 'path' and 'source'")
+        return str(self.path if self.path is not None else self.source)
+
+
+@dataclass
 class RetrieveConfig:
     """The Search-R1 compatible ``POST /retrieve`` endpoint, served by a search tool."""
 
@@ -130,6 +151,7 @@ class Config:
     tools: list[ToolSpec] = field(default_factory=list)
     verifiers: list[ToolSpec] = field(default_factory=list)
     toolsets: dict[str, list[str]] = field(default_factory=dict)  # extra named subsets of tool names
+    environments: list[EnvironmentSpec] = field(default_factory=list)  # packs served as stateful toolsets
     default_toolset: str | None = "default"  # what /mcp and /v1/tools list; None = all tools
     mcpServers: dict[str, dict[str, Any]] = field(default_factory=dict)  # noqa: N815 (the MCP clients' key)
     servers: dict[str, dict[str, Any]] = field(default_factory=dict)  # VS Code's name for mcpServers

@@ -264,6 +264,13 @@ class Executor:
             return Result.failure(
                 call_id, ErrorKind.UNAUTHORIZED, f"your token is not allowed to call tool {call.name!r}"
             )
+        if entry.needs_session and call.session is None:
+            return Result.failure(
+                call_id,
+                ErrorKind.BAD_REQUEST,
+                f"{call.name} acts on a session's world: send a session id with the call "
+                f"('session' on /v1/calls, _meta['toolfactory/session'] on MCP)",
+            )
         canonical = _canonical(call.arguments)
         fingerprint = (call.name, call.session, hash(canonical))
         key = (caller.tenant, call_id)

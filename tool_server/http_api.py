@@ -161,7 +161,7 @@ class HttpApi:
 
     async def create_session(self, request: Request) -> Response:
         body = await request.body()
-        session_id = None
+        session_id = environment = None
         if body.strip():
             try:
                 data = orjson.loads(body)
@@ -169,9 +169,12 @@ class HttpApi:
                 return error_response(400, ErrorKind.BAD_REQUEST, f"body is not valid JSON: {exc}")
             if not isinstance(data, dict):
                 return error_response(
-                    400, ErrorKind.BAD_REQUEST, 'body must be an object: {} or {"session": "<id>"}'
+                    400,
+                    ErrorKind.BAD_REQUEST,
+                    'body must be an object: {} or {"session": "<id>", "environment": {"pack": P, "task": T}}',
                 )
             session_id = data.get("session")
+            environment = data.get("environment")
             if session_id is not None and (
                 not isinstance(session_id, str) or not session_id or len(session_id) > MAX_ID_LENGTH
             ):
@@ -181,13 +184,28 @@ class HttpApi:
                     f"session must be a non-empty string of at most {MAX_ID_LENGTH} characters",
                 )
         sessions = self.executor.sessions
+        host = self.registry.environments
+        if environment is not None:  # checked first: a bad binding leaves no session behind
+            from tool_server.environments import check_environment
+
+            try:
+                pack, task = check_environment(host, environment)
+            except LookupError as exc:  # an unknown pack or task
+                return error_response(404, ErrorKind.BAD_REQUEST, str(exc.args[0]))
+            except ToolError as exc:
+                return error_response(400, exc.kind, exc.message)
         try:
             state = sessions.create(self.caller(request.scope).tenant, session_id or new_session_id())
-        except ToolError as exc:  # the table is full (429) or the id is taken (409)
+            if environment is not None:
+                host.bind(state, pack, task)  # refused (409) when it already plays another task
+        except ToolError as exc:  # the table is full (429), the id is taken or already bound (409)
             headers = {"Retry-After": self.retry_after} if exc.kind == ErrorKind.OVERLOADED else None
             return error_response(_SESSION_STATUS.get(exc.kind, 400), exc.kind, exc.message, headers)
         self.executor.metrics.sessions.set(len(sessions))
-        return json_response({"session": state.id, "ttl_s": sessions.ttl_s}, 201)
+        answer: dict[str, Any] = {"session": state.id, "ttl_s": sessions.ttl_s}
+        if environment is not None:
+            answer["environment"] = {"pack": pack, "task": task}
+        return json_response(answer, 201)
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

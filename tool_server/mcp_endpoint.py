@@ -22,7 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import TypeAdapter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from protocol import META_KEY, Call, ErrorKind, Result
+from protocol import META_KEY, Call, ErrorKind, Result, ToolError
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.auth import is_loopback
 from tool_server.config import Config
@@ -34,6 +34,7 @@ MCP_REQUESTS_PER_COLLECT = 256
 MAX_RESULTS_BETWEEN_COLLECTS = 20_000
 SESSION_META_KEY = f"{META_KEY}/session"  # _meta key carrying the trajectory session id
 CALL_ID_META_KEY = f"{META_KEY}/call_id"  # optional client-chosen idempotency key
+ENV_META_KEY = f"{META_KEY}/environment"  # {"pack", "task"}: the environment task the session plays
 
 
 def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:
@@ -299,9 +300,34 @@ class McpEndpoint:
             result = Result.failure(
                 call.call_id, ErrorKind.UNKNOWN_TOOL, unknown_tool_message(params.name, visible)
             )
+        elif ENV_META_KEY in meta and (refused := self._bind(caller, session, meta[ENV_META_KEY])):
+            result = Result.failure(call.call_id, *refused)
         else:
             result = await self.executor.run_one(call, caller)
         return _to_call_tool_result(result)
+
+    def _bind(self, caller: Caller, session: str | None, environment: Any) -> tuple[ErrorKind, str] | None:
+        """Bind the call's session to ``_meta[ENV_META_KEY]`` (an environment task); why not, if refused.
+
+        MCP has no session endpoint, so a client binds on a call (the first one, or every
+        one: binding again to the same task changes nothing).
+        """
+        from tool_server.environments import check_environment
+
+        if session is None:
+            message = (
+                f"_meta[{ENV_META_KEY!r}] binds the call's session: send _meta[{SESSION_META_KEY!r}] too"
+            )
+            return ErrorKind.BAD_REQUEST, message
+        try:
+            pack, task = check_environment(self.registry.environments, environment)
+            state = self.executor.sessions.open(caller.tenant, session)
+            self.registry.environments.bind(state, pack, task)
+        except LookupError as exc:
+            return ErrorKind.BAD_REQUEST, str(exc.args[0])
+        except ToolError as exc:
+            return exc.kind, exc.message
+        return None
 
 
 def _is_id(value: Any) -> bool:

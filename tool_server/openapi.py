@@ -19,6 +19,13 @@ ERROR = {
     "required": ["error"],
 }
 ID = {"type": "string", "minLength": 1, "maxLength": 256}
+# The environment task a session plays: its world starts from the task's state (docs/environments.md).
+ENVIRONMENT = {
+    "type": "object",
+    "properties": {"pack": {"type": "string"}, "task": {"type": "string"}},
+    "required": ["pack", "task"],
+    "additionalProperties": False,
+}
 CALL = {
     "type": "object",
     "properties": {
@@ -184,10 +191,12 @@ def openapi_spec() -> dict[str, Any]:
             },
             "/v1/sessions": {
                 "post": {
-                    "summary": "Open a session (optional: choose its id)",
+                    "summary": "Open a session (optional: choose its id, bind it to an environment task)",
                     "requestBody": {
                         "required": False,
-                        **_json({"type": "object", "properties": {"session": ID}}),
+                        **_json(
+                            {"type": "object", "properties": {"session": ID, "environment": ENVIRONMENT}}
+                        ),
                     },
                     "responses": {
                         "201": {
@@ -198,12 +207,13 @@ def openapi_spec() -> dict[str, Any]:
                                     "properties": {
                                         "session": {"type": "string"},
                                         "ttl_s": {"type": "number"},
+                                        "environment": ENVIRONMENT,
                                     },
                                     "required": ["session"],
                                 }
                             ),
                         },
-                        **_errors(400, 401, 429),
+                        **_errors(400, 401, 404, 409, 429),
                     },
                 }
             },

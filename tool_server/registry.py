@@ -83,6 +83,9 @@ class ToolEntry:
     # An upstream tool's MCP descriptor, built once where the tool is known (upstream.py):
     # served as is (title, annotations, upstream's _meta), with our toolsets added.
     published: dict[str, Any] | None = None
+    # Refused without a session (an environment's tools act on the session's world), where
+    # other stateful tools get a throwaway session.
+    needs_session: bool = False
     # Called right where the call is admitted, without a task, thread or timer: sync,
     # marked non-blocking (bounded, microsecond-scale work), not proxied, and nothing that
     # needs a task's bookkeeping (a session's turn, a per-tool limit). Worked out once here:
@@ -159,6 +162,7 @@ class Registry:
         self.entries: dict[str, ToolEntry] = {}
         self.toolsets: dict[str, set[str]] = {}
         self.version = 0  # bumped on every change, so listings can be cached
+        self.environments: Any = None  # the EnvHost serving environment packs (environments.py)
 
     def __contains__(self, name: str) -> bool:
         return name in self.entries

@@ -284,7 +284,9 @@ class Pack:
                         table.pop(key, None)
                     else:
                         table[key] = record
-            self._bases[task.id] = base
+            # setdefault: two threads building the same task's base keep one of them, so every
+            # world of a task shares one base (World.differences compares worlds over one base).
+            base = self._bases.setdefault(task.id, base)
         return base
 
     def new_world(self, task: EnvTask | None = None) -> World:
