@@ -1,0 +1,284 @@
+"""The procedural generator: every task of every world is solvable, honest and reproducible.
+
+Each check runs on real packs (60 tasks per world, levels 1-4) and replays the gold
+calls through the real tools on a real copy-on-write world.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from typing import Any
+
+import jsonschema
+import pytest
+
+from protocol import ErrorKind, ToolError
+from tools.envs.pack import Complexity, EnvTask, Pack, call_depths, dump_pack, load_pack
+from tools.envs.procedural import WORLDS, derive_answer, pack, tools_module
+from tools.envs.procedural.compose import output_records
+from tools.envs.procedural.kit import MAX_RESULTS
+
+TASKS = 60
+
+
+@pytest.fixture(scope="module", params=WORLDS)
+def built(request: pytest.FixtureRequest) -> Pack:
+    return pack(request.param, seed=0, tasks=TASKS)
+
+
+def replay_outputs(p: Pack, task: EnvTask) -> tuple[Any, dict[str, Any]]:
+    """The replayed world and each gold call's output by call id (replay runs them by depth)."""
+    world = p.replay(task)
+    depths = call_depths(task.gold.calls)
+    ordered = sorted(task.gold.calls, key=lambda c: depths[c.id])
+    assert [c.name for c in ordered] == [r.name for r in world.calls]
+    return world, {c.id: r.output for c, r in zip(ordered, world.calls, strict=True)}
+
+
+def scalars(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in scalars(v)]
+    return [value]
+
+
+def same(answer: str, value: Any) -> bool:
+    """An answer string equals a value: numerically for numbers, else case-insensitively."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value).strip().lower() == answer.strip().lower()
+    try:
+        return math.isclose(float(answer), float(value), abs_tol=0.005)
+    except ValueError:
+        return False
+
+
+def test_gold_calls_replay_without_errors(built: Pack) -> None:
+    for task in built.tasks:
+        world = built.replay(task)
+        assert len(world.calls) == len(task.gold.calls)
+        assert [c.error for c in world.calls if c.error] == [], task.id
+
+
+def test_answers_derive_from_the_replayed_outputs(built: Pack) -> None:
+    answered = 0
+    for task in built.tasks:
+        _, outputs = replay_outputs(built, task)
+        leaves = scalars(list(outputs.values()))
+        for fact in task.gold.communicate:
+            assert any(same(fact, leaf) for leaf in leaves), (task.id, fact)
+        if task.gold.answer is None:
+            assert task.metadata["derive"] is None
+            continue
+        answered += 1
+        derived = derive_answer(task.metadata["derive"], outputs)
+        assert same(task.gold.answer, derived), (task.id, task.gold.answer, derived)
+        assert "answer" in task.reward_basis
+    assert answered >= TASKS // 4
+
+
+def test_write_tasks_change_the_state_and_read_tasks_do_not(built: Pack) -> None:
+    writers = {t.name for t in built.tools if t.writes}
+    kinds = set()
+    for task in built.tasks:
+        writes = task.metadata["writes"]
+        kinds.add(writes)
+        assert writes == any(c.name in writers for c in task.gold.calls), task.id
+        changed = built.replay(task).changed()
+        assert bool(changed) == writes, (task.id, changed)
+        assert ("state" in task.reward_basis) == writes
+    assert kinds == {True, False}
+
+
+def test_levels_and_complexity_agree_with_the_calls(built: Pack) -> None:
+    assert {t.complexity.level for t in built.tasks} == {1, 2, 3, 4}
+    for task in built.tasks:
+        again = Complexity.from_calls(
+            task.gold.calls, distractors=len(task.distractors), scaling=task.complexity.scaling
+        )
+        assert again == task.complexity, task.id
+        if task.complexity.level >= 3:
+            assert any(c.depends_on for c in task.gold.calls)
+
+
+def test_task_tools_exist_and_distractors_are_never_gold(built: Pack) -> None:
+    names = [t.name for t in built.tools]
+    assert 5 <= len(names) <= 8
+    for task in built.tasks:
+        assert task.tools is not None and set(task.tools) <= set(names), task.id
+        used = {c.name for c in task.gold.calls}
+        assert used <= set(task.tools)
+        assert set(task.distractors) <= set(task.tools) and not set(task.distractors) & used
+        assert ("toolset_extension" in task.complexity.scaling) == bool(task.distractors)
+        if task.complexity.level == 4:
+            assert len(task.distractors) == 2
+
+
+def test_schemas_are_valid_and_gold_arguments_follow_them(built: Pack) -> None:
+    for tool in built.tools:
+        jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+        for name, prop in tool.input_schema["properties"].items():
+            assert prop.get("type") and prop.get("description"), (tool.name, name)
+    validators = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in built.tools}
+    for task in built.tasks:
+        for call in task.gold.calls:
+            errors = [e.message for e in validators[call.name].iter_errors(call.arguments)]
+            assert errors == [], (task.id, call.name, errors)
+            assert call.compare is None or set(call.compare) <= set(call.arguments)
+
+
+def test_no_tool_leaks_the_answer(built: Pack) -> None:
+    """Answers need the gold path: other arguments do not reveal them, lookups alone do not.
+
+    For an answer task, every read tool the task exposes is called on the task's initial
+    world with the gold arguments of other tasks that share no argument value with this
+    one. None of those outputs may hold the record the answer is read from, the records
+    it counts, or (for an answer that is a name) the name itself. At levels 3-4 the
+    answer must come from calls that depend on a lookup.
+    """
+    readers = {t.name for t in built.tools if not t.writes}
+    pool = [(t, c) for t in built.tasks for c in t.gold.calls if c.name in readers]
+    checked = 0
+    for task in built.tasks:
+        if task.gold.answer is None:
+            continue
+        spec = task.metadata["derive"]
+        _, outputs = replay_outputs(built, task)
+        subjects = _subject_ids(spec, outputs)
+        label = task.gold.answer if spec["op"] in ("argmin", "argmax") else None
+        mine = {json.dumps(v) for c in task.gold.calls for v in scalars(c.arguments)}
+        world = built.new_world(task)
+        for other, call in pool:
+            if other.id == task.id or call.name not in (task.tools or ()):
+                continue
+            if mine & {json.dumps(v) for v in scalars(call.arguments)}:
+                continue  # related: it names one of this task's entities
+            output = built.call(world, call.name, call.arguments)
+            ids = {r.get("id") for r in output_records(output)}
+            assert len(output_records(output)) <= MAX_RESULTS
+            assert not subjects or not subjects <= ids, (task.id, call.name, call.arguments)
+            if label is not None:
+                assert label.lower() not in json.dumps(output).lower(), (task.id, call)
+            checked += 1
+        if task.complexity.level >= 3:
+            depths = call_depths(task.gold.calls)
+            assert min(depths[c] for c in _spec_calls(spec)) >= 2, task.id
+    assert checked > 0
+
+
+def _spec_calls(spec: dict[str, Any]) -> set[str]:
+    if "call" in spec:
+        return {spec["call"]}
+    return {c for s in spec.get("of", []) for c in _spec_calls(s)}
+
+
+def _subject_ids(spec: dict[str, Any], outputs: dict[str, Any]) -> set[str]:
+    if spec["op"] == "field":
+        return {spec["id"]}
+    if spec["op"] == "count":
+        return {r["id"] for r in output_records(outputs[spec["call"]])}
+    return {i for s in spec["of"] for i in _subject_ids(s, outputs)}
+
+
+def test_unknown_ids_are_refused_as_invalid_arguments(built: Pack) -> None:
+    refused = 0
+    for task in built.tasks:
+        for call in task.gold.calls:
+            schema = built.tool(call.name).input_schema["properties"]
+            for name, value in call.arguments.items():
+                if "pattern" not in schema[name]:
+                    continue
+                bad = {**call.arguments, name: value.split("-")[0] + "-999999"}
+                with pytest.raises(ToolError) as caught:
+                    built.call(built.new_world(task), call.name, bad)
+                assert caught.value.kind is ErrorKind.INVALID_ARGUMENTS
+                assert "999999" in caught.value.message
+                refused += 1
+    assert refused > 0
+
+
+def test_the_same_arguments_give_the_same_pack_and_other_seeds_differ() -> None:
+    for world in WORLDS:
+        a, b, c = pack(world, 3, 24), pack(world, 3, 24), pack(world, 4, 24)
+        assert [t.to_dict() for t in a.tasks] == [t.to_dict() for t in b.tasks]
+        assert json.dumps(a.initial_state, sort_keys=True) == json.dumps(b.initial_state, sort_keys=True)
+        assert a.initial_state != c.initial_state
+        assert [t.prompt for t in a.tasks] != [t.prompt for t in c.tasks]
+        assert [t.to_dict() for t in pack(world, 3, 8).tasks] == [t.to_dict() for t in a.tasks[:8]]
+
+
+def test_levels_option_builds_a_training_pack_of_levels_1_and_2() -> None:
+    p = pack("shop", seed=1, tasks=30, levels=[1, 2])
+    assert {t.complexity.level for t in p.tasks} == {1, 2}
+    assert len(p.tasks) == 30 and p.id != pack("shop", seed=1, tasks=4).id
+    assert all(len(t.prompt[0]["content"]) < 160 for t in p.tasks)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_scaling_options_change_the_tasks(world: str) -> None:
+    plain = pack(world, 0, 40, parameter_expansion=0.0, toolset_extension=0.0, distractors=0)
+    assert not any(t.complexity.scaling or t.distractors for t in plain.tasks)
+    wide = pack(world, 0, 40, parameter_expansion=1.0, toolset_extension=1.0, distractors=3)
+    assert all(len(t.distractors) == 3 for t in wide.tasks)
+    expanded = [t for t in wide.tasks if "parameter_expansion" in t.complexity.scaling]
+    assert expanded
+    for task in expanded:  # some gold call passes an optional parameter
+        assert any(
+            set(c.arguments) - set(wide.tool(c.name).input_schema["required"]) for c in task.gold.calls
+        ), task.id
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_patched_tasks_start_from_another_world(world: str) -> None:
+    assert not any(t.state_patch for t in pack(world, 0, 40, patched=0.0).tasks)
+    p = pack(world, 0, 80, patched=1.0)
+    assert all(t.state_patch for t in p.tasks)
+    differs = 0
+    for task in p.tasks:
+        assert p.base_state(task) != p.initial_state
+        if task.gold.answer is None:
+            continue
+        unpatched = p.new_world()
+        outputs = {}
+        depths = call_depths(task.gold.calls)
+        for call in sorted(task.gold.calls, key=lambda c: depths[c.id]):
+            try:
+                outputs[call.id] = p.call(unpatched, call.name, call.arguments)
+            except ToolError:
+                outputs[call.id] = None
+        try:
+            differs += not same(task.gold.answer, derive_answer(task.metadata["derive"], outputs))
+        except (KeyError, TypeError):
+            differs += 1
+    assert differs > 0  # the patch matters: some answers are not those of the initial state
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_dump_and_load_round_trip(world: str, tmp_path: Any) -> None:
+    p = pack(world, 2, 16)
+    loaded = load_pack(dump_pack(p, tmp_path / world, tools_module=tools_module(world)))
+    assert loaded.id == p.id and loaded.policy == p.policy and loaded.info.origin == "procedural"
+    assert [t.name for t in loaded.tools] == [t.name for t in p.tools]
+    assert loaded.initial_state == p.initial_state
+    assert [t.to_dict() for t in loaded.tasks] == [t.to_dict() for t in p.tasks]
+    for mine, theirs in zip(p.tasks, loaded.tasks, strict=True):
+        assert p.replay(mine).digest() == loaded.replay(theirs).digest()
+
+
+def test_bad_generator_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown procedural world"):
+        pack("zoo")
+    with pytest.raises(ValueError, match="levels"):
+        pack("shop", levels=[5])
+    with pytest.raises(ValueError, match="parameter_expansion"):
+        pack("shop", parameter_expansion=2.0)
+
+
+def test_policies_say_who_the_agent_is_and_the_global_rng_is_untouched() -> None:
+    before = random.getstate()
+    for world in WORLDS:
+        p = pack(world, 0, 4)
+        assert p.policy.startswith("You are") and len(p.tasks) == 4
+    assert random.getstate() == before  # the generator never draws from the global rng

@@ -1,0 +1,272 @@
+"""Task composition shared by every procedural world.
+
+A world supplies *steps*: small solved pieces of work (a sentence of the user's prompt,
+the gold calls that do it, the answer if it asks a question), each built from the
+task's state by a function ``step(ctx) -> Step | None``. Steps come in five kinds:
+
+- ``read`` / ``write``: one call (a question, or a change) on one entity;
+- ``pair``: two independent calls whose outputs answer one question (parallel reads);
+- ``chain``: a lookup, then an action on what it found (each call needs the one before);
+- ``fork``: two independent lookups that one action needs (parallel multi-hop).
+
+A level is a plan over those kinds: 1 = one read or write; 2 = a pair, or two singles
+on different entities; 3 = a chain; 4 = a fork or two chains, with distractor tools
+exposed. ``Complexity.from_calls`` recomputes the level from ``depends_on`` and the
+composer checks that it agrees. Steps of one task claim the records they read or write
+(``Context.claim``), so their calls commute and parallel calls may run in any order.
+
+An answer carries ``derive``, a small spec of how it follows from the gold calls'
+outputs (``derive_answer``), so checks and rewards can recompute it from a replay.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall
+
+__all__ = ["Context", "Options", "Step", "compose_task", "derive_answer", "gold", "output_records"]
+
+KINDS = ("read", "write", "pair", "chain", "fork")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The generator's knobs (the paper's scaling operations among them).
+
+    ``distractors``: how many unneeded tools a task with toolset extension exposes
+    (always at level 4; at levels 1-3 with probability ``toolset_extension``).
+    ``parameter_expansion``: probability that a step which can uses optional parameters
+    (a status filter, a type, a date) and says so in its prompt. ``patched``: share of
+    tasks that start from a patched state (records re-rolled before the task).
+    """
+
+    distractors: int = 2
+    toolset_extension: float = 0.0
+    parameter_expansion: float = 0.3
+    patched: float = 0.3
+
+    def __post_init__(self) -> None:
+        if self.distractors < 0:
+            raise ValueError(f"distractors must be >= 0, got {self.distractors}")
+        for name in ("toolset_extension", "parameter_expansion", "patched"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
+
+
+@dataclass
+class Step:
+    """One solved piece of a task; call ids are local to the step."""
+
+    name: str
+    calls: list[GoldCall]
+    ask: str
+    writes: bool = False
+    answer: str | None = None
+    derive: dict[str, Any] | None = None
+    communicate: list[str] = field(default_factory=list)
+    scaling: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Context:
+    """What a step function builds from: the task's state, a seeded rng, the options."""
+
+    rng: random.Random
+    state: Mapping[str, Mapping[str, dict[str, Any]]]
+    options: Options
+    focus: set[str] = field(default_factory=set)  # "table:key" of patched records: steps prefer them
+    taken: set[str] = field(default_factory=set)
+
+    def claim(self, table: str, *keys: str) -> bool:
+        """Reserve records for this step; False when another step of the task holds one."""
+        wanted = {f"{table}:{key}" for key in keys}
+        if wanted & self.taken:
+            return False
+        self.taken |= wanted
+        return True
+
+    def pick(
+        self, table: str, where: Callable[[dict[str, Any]], bool] | None = None
+    ) -> tuple[str, dict[str, Any]] | None:
+        """A record of ``table`` not yet claimed (patched ones first, half of the time), claimed."""
+        rows = self.state[table]
+        keys = [k for k in rows if f"{table}:{k}" not in self.taken and (where is None or where(rows[k]))]
+        if not keys:
+            return None
+        focused = [k for k in keys if f"{table}:{k}" in self.focus]
+        key = self.rng.choice(focused if focused and self.rng.random() < 0.5 else keys)
+        self.claim(table, key)
+        return key, rows[key]
+
+    def expand(self) -> bool:
+        """Whether this step uses its optional parameters (parameter expansion)."""
+        return self.rng.random() < self.options.parameter_expansion
+
+
+StepFn = Callable[[Context], Step | None]
+
+
+# --------------------------------------------------------------------------- composing a task
+
+
+def _plan(level: int, rng: random.Random) -> list[str]:
+    if level == 1:
+        return [rng.choice(("read", "write"))]
+    if level == 2:
+        return rng.choice((["pair"], ["pair"], ["read", "write"], ["write", "read"], ["write", "write"]))
+    if level == 3:
+        return ["chain"]
+    if level == 4:
+        return rng.choice((["fork"], ["fork"], ["chain", "chain"]))
+    raise ValueError(f"levels are 1 to 4, got {level}")
+
+
+def _build(steps_of: Mapping[str, Sequence[StepFn]], plan: list[str], ctx: Context) -> list[Step] | None:
+    steps = []
+    for kind in plan:
+        functions = steps_of.get(kind) or ()
+        if not functions:
+            return None
+        step = ctx.rng.choice(list(functions))(ctx)
+        if step is None:
+            return None
+        steps.append(step)
+    if sum(s.answer is not None for s in steps) > 1:
+        return None  # one question per task: the answer is one short string
+    return steps
+
+
+def _renamed(spec: Any, ids: Mapping[str, str]) -> Any:
+    if isinstance(spec, dict):
+        return {k: (ids[v] if k == "call" else _renamed(v, ids)) for k, v in spec.items()}
+    if isinstance(spec, list):
+        return [_renamed(v, ids) for v in spec]
+    return spec
+
+
+def _ordered(names: Iterable[str], order: Sequence[str]) -> list[str]:
+    wanted = set(names)
+    return [n for n in order if n in wanted]
+
+
+def compose_task(
+    world: ModuleType,
+    task_id: str,
+    level: int,
+    rng: random.Random,
+    initial_state: Mapping[str, Mapping[str, dict[str, Any]]],
+    options: Options,
+) -> EnvTask:
+    """One task of ``level`` in ``world`` (a module with TOOLS, STEPS and patch)."""
+    tool_names = [t.name for t in world.TOOLS]
+    for _attempt in range(200):
+        patch: dict[str, dict[str, Any]] = {}
+        state: Mapping[str, Mapping[str, dict[str, Any]]] = initial_state
+        if rng.random() < options.patched:
+            patch = world.patch(rng, initial_state)
+            state = {t: {**rows, **patch.get(t, {})} for t, rows in initial_state.items()}
+        focus = {f"{t}:{k}" for t, rows in patch.items() for k in rows}
+        ctx = Context(rng, state, options, focus=focus)
+        steps = _build(world.STEPS, _plan(level, rng), ctx)
+        if steps is not None:
+            break
+    else:
+        raise RuntimeError(f"{world.NAME}: could not compose a level {level} task for {task_id}")
+
+    calls: list[GoldCall] = []
+    answer, derive, communicate, scaling = None, None, [], set()
+    for step in steps:
+        ids = {c.id: f"c{len(calls) + n}" for n, c in enumerate(step.calls)}
+        for c in step.calls:
+            calls.append(GoldCall(c.name, c.arguments, ids[c.id], [ids[d] for d in c.depends_on], c.compare))
+        if step.answer is not None:
+            answer, derive = step.answer, _renamed(step.derive, ids)
+        communicate += step.communicate
+        scaling |= set(step.scaling)
+
+    used = {c.name for c in calls}
+    distractors: list[str] = []
+    if options.distractors and (level == 4 or rng.random() < options.toolset_extension):
+        spare = [n for n in tool_names if n not in used]
+        distractors = sorted(rng.sample(spare, min(options.distractors, len(spare))))
+        if distractors:
+            scaling.add("toolset_extension")
+    writes = any(s.writes for s in steps)
+    complexity = Complexity.from_calls(
+        calls, distractors=len(distractors), scaling=sorted(scaling, key=_SCALING_ORDER.index)
+    )
+    if complexity.level != level:  # a step function broke its kind's shape
+        raise RuntimeError(
+            f"{task_id}: steps {[s.name for s in steps]} make level {complexity.level}, not {level}"
+        )
+    ask = " ".join(s.ask for s in steps)
+    return EnvTask(
+        id=task_id,
+        prompt=[{"role": "user", "content": ask}],
+        gold=Gold(calls=calls, answer=answer, communicate=communicate),
+        complexity=complexity,
+        tools=_ordered(used | set(distractors), tool_names),
+        distractors=distractors,
+        state_patch=patch,
+        reward_basis=["calls"] + (["state"] if writes else []) + (["answer"] if answer is not None else []),
+        metadata={"world": world.NAME, "steps": [s.name for s in steps], "writes": writes, "derive": derive},
+    )
+
+
+_SCALING_ORDER = [
+    "functional_generalisation",
+    "parameter_expansion",
+    "parameter_type_generalisation",
+    "toolset_extension",
+]
+
+
+# --------------------------------------------------------------------------- answers from outputs
+
+
+def output_records(output: Any) -> list[dict[str, Any]]:
+    """The records in a tool output: the output itself when it is one, else its lists of records."""
+    if isinstance(output, list):
+        return [r for r in output if isinstance(r, dict)]
+    if not isinstance(output, dict):
+        return []
+    if "id" in output:
+        return [output]
+    return [r for v in output.values() if isinstance(v, list) for r in v if isinstance(r, dict)]
+
+
+def derive_answer(spec: Mapping[str, Any], outputs: Mapping[str, Any]) -> Any:
+    """Evaluate an answer spec over gold call outputs (``{call id: output}``).
+
+    ``field``: ``record[field]`` of the record ``id`` in a call's output; ``count``: how
+    many records a call returned; ``sum``: the sum of sub-specs; ``argmin``/``argmax``:
+    the label of the smallest/largest sub-spec.
+    """
+    op = spec["op"]
+    if op == "field":
+        for record in output_records(outputs[spec["call"]]):
+            if record.get("id") == spec["id"]:
+                return record[spec["field"]]
+        raise KeyError(f"no record {spec['id']!r} in the output of {spec['call']}")
+    if op == "count":
+        return len(output_records(outputs[spec["call"]]))
+    values = [derive_answer(s, outputs) for s in spec["of"]]
+    if op == "sum":
+        return round(sum(values), 2)
+    if op in ("argmin", "argmax"):
+        pick = min if op == "argmin" else max
+        return spec["labels"][values.index(pick(values))]
+    raise ValueError(f"unknown answer op {op!r}")
+
+
+def gold(
+    name: str, arguments: dict[str, Any], id: str, after: Sequence[str] = (), compare: list[str] | None = None
+) -> GoldCall:
+    """A gold call of a step (``after``: the step's calls whose outputs it needs)."""
+    return GoldCall(name, arguments, id, list(after), compare)
