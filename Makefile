@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -c constraints.txt -e ".[trainer,dense,dev]"
 	$(PIP) install --quiet --no-deps $(DATA_PACKAGES)
+	# BFCL's data and multi-turn API classes (tools/envs/bfcl.py); its declared dependencies
+	# (numpy==1.26.4, sentence-transformers, a dozen model-API SDKs) serve its model runners,
+	# which we never import: the classes need only mpmath (dev extra).
+	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 demo: setup
