@@ -1,0 +1,537 @@
+"""``tool_use``: the fine-grained, verifiable reward of a trajectory in an environment pack.
+
+``score(pack, task, world, request, mode=..., weights=...)`` reads the session's call
+log (``world.calls``: what ran, the server's record, never a re-parse of the text), the
+session's final world, and the model's turns (``request.response_messages()``), and
+returns every component below on every trajectory, truncated ones included.
+
+Components (floats in [0, 1] unless marked as a count):
+
+- ``format``: share of the model's tool-call attempts that parsed. A tool message
+  marked ``"error": "parse"`` is one unparseable attempt; every call that reached the
+  server (ran, or was refused by it) is a parsed one. 1.0 with no attempts.
+- ``schema``: share of the calls made that were valid: the tool exists, the task exposes
+  it (``task.tools``), and the arguments satisfy its ``input_schema``. Calls the server
+  refused before they reached the world (a tool message with a ``name`` and no entry in
+  ``world.calls``) count as invalid. 1.0 with no calls.
+- ``matched``: share of gold calls matched by a successful call with agreeing arguments
+  (``tool_use_values``: BFCL-style normalisation), one to one, in dependency order
+  (``tool_use_match``: an exact search, not a greedy guess).
+- FTRL's outcome measures (Ye et al. 2025, arXiv 2508.08791), with S = solved sub-goals
+  (gold calls matched by a call whose output equals ``GoldCall.output`` when that is
+  set), N = calls made, G = gold calls: ``precision`` = S/N, ``completeness`` = S/G,
+  ``f1`` = 2S/(N+G) (the harmonic mean of the two). ``f1_step`` is the paper's
+  per-step reward 2·S_t/(N_t+1) (S_t, N_t: sub-goals solved and calls made in assistant
+  turn t; it is F1 with the completeness of one turn taken as S_t/1), averaged over the
+  turns that made calls and capped at 1 (a turn that solves k sub-goals in parallel
+  earns 2k/(k+1) in the paper; ``details.steps`` keeps the raw values). Without turn
+  information every call is its own turn. Empty cases: no calls and no gold calls → 1.0;
+  no calls but gold calls → 0.0.
+- ``calls``: 1.0 when every gold call is solved (S == G), else 0.0 (τ²-style "actions").
+- ``state``: 1.0 when the session's world equals the gold world (``pack.replay(task)``,
+  cached per pack and task) record for record, else 0.0; ``state_fraction``: the share of
+  records either world changed that end equal (``World.matching_fraction``: a dense
+  signal). No world (session gone): both 0.0.
+- ``answer``: the final answer (the last assistant message; its last ``<answer>`` block
+  if any, else its text) equals ``task.gold.answer`` after SQuAD-style normalisation,
+  or numerically (relative tolerance 1e-6) when both read as numbers. 1.0 when the task
+  requires no answer.
+- ``communicate``: share of ``task.gold.communicate`` strings present (normalised, as
+  whole words) in what the model wrote. 1.0 when there are none.
+- ``extra_calls`` (count): calls made beyond the matched ones (N − M), refused and
+  failed ones included; ``failed_calls`` (count): calls that ran and failed (an error in
+  ``world.calls``); ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
+
+Two combinations (``score``): ``mode="eval"`` is the product of the components the task
+names in ``task.reward_basis`` (τ²-style all or nothing; names are case-insensitive, and
+τ²'s ``DB``/``ACTION``/``COMMUNICATE`` mean ``state``/``calls``/``communicate``);
+``mode="train"`` is Σ weight·component over ``DEFAULT_WEIGHTS`` (or ``weights``, which
+replaces them: components it does not name weigh 0), clipped to [0, 1]. A gold replay
+scores 1.0 in both.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol import VerifyRequest, VerifyResult
+from tools.envs.pack import EnvTask, EnvTool, GoldCall, Pack, call_depths
+from tools.envs.world import CallRecord, World
+from tools.verifiers.text import assistant_texts, extract_answer, final_text, normalize_answer
+from tools.verifiers.tool_use_match import Candidate, match_calls
+from tools.verifiers.tool_use_schema import compile_schema, schema_problem
+from tools.verifiers.tool_use_values import argument_difference, same_value
+
+__all__ = ["COMPONENTS", "DEFAULT_WEIGHTS", "score"]
+
+COMPONENTS = (
+    "format",
+    "schema",
+    "matched",
+    "precision",
+    "completeness",
+    "f1",
+    "f1_step",
+    "calls",
+    "state",
+    "state_fraction",
+    "answer",
+    "communicate",
+    "extra_calls",
+    "failed_calls",
+    "penalty",
+)
+NOT_BASIS = frozenset(("extra_calls", "failed_calls", "penalty"))  # counts, and a cost
+
+# Train weights: the outcome (f1, completeness, state, answer) carries most of the
+# reward; format and schema validity are small shaping terms that stop mattering once
+# learned; the penalty takes up to 0.2 off for spraying or failing calls. The positive
+# weights sum to 1, so a perfect trajectory scores exactly 1.0.
+DEFAULT_WEIGHTS: dict[str, float] = {
+    "format": 0.05,
+    "schema": 0.05,
+    "f1": 0.3,
+    "completeness": 0.1,
+    "state": 0.1,
+    "state_fraction": 0.1,
+    "answer": 0.2,
+    "communicate": 0.1,
+    "penalty": -0.2,
+}
+PENALTY_PER_EXTRA = 0.1
+PENALTY_PER_FAILED = 0.1
+BASIS_ALIASES = {"db": "state", "action": "calls", "actions": "calls", "env_assertion": "state"}
+MODES = ("train", "eval")
+_DETAIL_LIMIT = 20  # list entries kept in details (a runaway trajectory must not bloat them)
+
+
+# --------------------------------------------------------------------------- per pack and task caches
+
+
+@dataclass
+class _TaskView:
+    """What scoring needs of one task, built once: gold calls in dependency order, the gold world."""
+
+    task: EnvTask
+    golds: list[GoldCall]
+    deps: list[list[int]]
+    by_name: dict[str, list[int]]
+    exposed: frozenset[str] | None
+    answer: str | None
+    communicate: list[str]
+    gold_world: World | None = None
+
+
+@dataclass
+class _PackView:
+    ref: weakref.ref[Pack]
+    tools: dict[str, EnvTool]
+    checks: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, _TaskView] = field(default_factory=dict)
+
+
+_PACKS: dict[int, _PackView] = {}
+
+
+def _pack_view(pack: Pack) -> _PackView:
+    key = id(pack)
+    view = _PACKS.get(key)
+    if view is None or view.ref() is not pack:
+        view = _PackView(
+            weakref.ref(pack, lambda _, key=key: _PACKS.pop(key, None)), {t.name: t for t in pack.tools}
+        )
+        _PACKS[key] = view
+    return view
+
+
+def _task_view(view: _PackView, pack: Pack, task: EnvTask) -> _TaskView:
+    cached = view.tasks.get(task.id)
+    if cached is not None and cached.task is task:
+        return cached
+    depths = call_depths(task.gold.calls)
+    golds = sorted(task.gold.calls, key=lambda c: depths[c.id])  # stable: dependency order
+    index = {c.id: i for i, c in enumerate(golds)}
+    by_name: dict[str, list[int]] = {}
+    for i, call in enumerate(golds):
+        by_name.setdefault(call.name, []).append(i)
+    cached = _TaskView(
+        task=task,
+        golds=golds,
+        deps=[[index[d] for d in c.depends_on] for c in golds],
+        by_name=by_name,
+        exposed=None if task.tools is None else frozenset(task.tools),
+        answer=task.gold.answer,
+        communicate=[normalize_answer(s) for s in task.gold.communicate],
+    )
+    view.tasks[task.id] = cached
+    return cached
+
+
+def _gold_world(pack: Pack, task_view: _TaskView) -> World:
+    if task_view.gold_world is None:
+        task_view.gold_world = pack.replay(task_view.task)  # deterministic: replayed once per task
+    return task_view.gold_world
+
+
+def _properties(tool: EnvTool | None) -> Mapping[str, Any]:
+    if tool is None:
+        return {}
+    return tool.input_schema.get("properties") or {}
+
+
+# --------------------------------------------------------------------------- reading the trajectory
+
+
+@dataclass
+class _Turns:
+    parse_errors: int = 0
+    step_of_call: list[int] = field(default_factory=list)  # the assistant turn of each world call
+    refused: list[tuple[int, str]] = field(default_factory=list)  # (turn, tool) refused before the world
+
+
+def _read_turns(messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecord]) -> _Turns:
+    """Parse errors, and which assistant turn made each call (tool messages name the tool).
+
+    Tool messages of calls that ran line up with ``world.calls`` in order; a named tool
+    message with no call in the log was refused by the server (unknown tool, invalid
+    arguments). When they do not line up one to one, a longest common subsequence of the
+    tool names aligns them.
+    """
+    turns = _Turns()
+    results: list[tuple[int, str]] = []
+    step = -1
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            step += 1
+        elif role == "tool":
+            if message.get("error") == "parse":
+                turns.parse_errors += 1
+            elif message.get("name"):
+                results.append((max(step, 0), str(message["name"])))
+    names = [c.name for c in calls]
+    if not results:
+        turns.step_of_call = list(range(len(calls)))  # no turn information: one call per turn
+        return turns
+    if len(results) == len(names) and all(r[1] == n for r, n in zip(results, names, strict=True)):
+        turns.step_of_call = [r[0] for r in results]
+        return turns
+    pairs = _align([r[1] for r in results], names)
+    aligned_results = {i for i, _ in pairs}
+    turns.refused = [r for i, r in enumerate(results) if i not in aligned_results]
+    step_of_call = [-1] * len(names)
+    for i, j in pairs:
+        step_of_call[j] = results[i][0]
+    spare = max(step, 0) + 1
+    for j, value in enumerate(step_of_call):
+        if value < 0:  # a call with no tool message: a turn of its own
+            step_of_call[j], spare = spare, spare + 1
+    turns.step_of_call = step_of_call
+    return turns
+
+
+def _align(a: Sequence[str], b: Sequence[str]) -> list[tuple[int, int]]:
+    """Index pairs of a longest common subsequence of ``a`` and ``b``."""
+    rows, cols = len(a), len(b)
+    table = [[0] * (cols + 1) for _ in range(rows + 1)]
+    for i in range(rows - 1, -1, -1):
+        for j in range(cols - 1, -1, -1):
+            table[i][j] = table[i + 1][j + 1] + 1 if a[i] == b[j] else max(table[i + 1][j], table[i][j + 1])
+    pairs, i, j = [], 0, 0
+    while i < rows and j < cols:
+        if a[i] == b[j]:
+            pairs.append((i, j))
+            i, j = i + 1, j + 1
+        elif table[i + 1][j] >= table[i][j + 1]:
+            i += 1
+        else:
+            j += 1
+    return pairs
+
+
+def _number(text: str) -> float | None:
+    cleaned = text.strip().replace(",", "").replace("$", "").replace("%", "").strip()
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _answer_matches(answer: str, gold: str) -> bool:
+    if normalize_answer(answer) == normalize_answer(gold):
+        return True
+    a, g = _number(answer), _number(gold)
+    return a is not None and g is not None and math.isclose(a, g, rel_tol=1e-6, abs_tol=1e-9)
+
+
+# --------------------------------------------------------------------------- the components
+
+
+def _schema_component(
+    view: _PackView, task_view: _TaskView, calls: Sequence[CallRecord], refused: int
+) -> tuple[float, list[dict[str, Any]]]:
+    problems: list[dict[str, Any]] = []
+    for index, call in enumerate(calls):
+        tool = view.tools.get(call.name)
+        problem = None
+        if tool is None:
+            problem = f"no tool {call.name!r} in this environment"
+        elif task_view.exposed is not None and call.name not in task_view.exposed:
+            problem = f"tool {call.name!r} is not offered by this task"
+        else:
+            check = view.checks.get(call.name)
+            if check is None:
+                check = view.checks[call.name] = compile_schema(tool.input_schema)
+            if not check(call.arguments):
+                problem = schema_problem(tool.input_schema, call.arguments)
+        if problem is not None:
+            problems.append({"call": index, "name": call.name, "problem": problem})
+    made = len(calls) + refused
+    valid = len(calls) - len(problems)
+    return (valid / made if made else 1.0), problems
+
+
+def _candidates(view: _PackView, task_view: _TaskView, calls: Sequence[CallRecord]) -> list[list[Candidate]]:
+    """For each gold call, the successful calls that may stand for it (and whether they solve it)."""
+    out: list[list[Candidate]] = [[] for _ in task_view.golds]
+    for index, call in enumerate(calls):
+        if call.error is not None:
+            continue  # only calls that succeeded can solve a sub-goal
+        golds = task_view.by_name.get(call.name)
+        if not golds:
+            continue
+        properties = _properties(view.tools.get(call.name))
+        for g in golds:
+            gold = task_view.golds[g]
+            if argument_difference(call.arguments, gold.arguments, gold.compare, properties) is None:
+                solved = gold.output is None or same_value(call.output, gold.output)
+                out[g].append(Candidate(index, solved))
+    return out
+
+
+def _why_unmatched(
+    view: _PackView, task_view: _TaskView, g: int, calls: Sequence[CallRecord], blocked: bool
+) -> str:
+    gold = task_view.golds[g]
+    same_name = [i for i, c in enumerate(calls) if c.name == gold.name]
+    if not same_name:
+        return f"no call to {gold.name}"
+    if blocked:
+        deps = ", ".join(task_view.golds[d].id for d in task_view.deps[g])
+        return (
+            f"matching calls came before the calls it depends on ({deps}) or were used for another gold call"
+        )
+    properties = _properties(view.tools.get(gold.name))
+    for i in same_name:
+        call = calls[i]
+        if call.error is None:
+            difference = argument_difference(call.arguments, gold.arguments, gold.compare, properties)
+            return f"call {i}: {difference}"
+    return f"every call to {gold.name} failed"
+
+
+def _state_components(
+    pack: Pack, task_view: _TaskView, world: World | None
+) -> tuple[float, float, dict[str, Any]]:
+    if world is None:
+        return 0.0, 0.0, {"error": "no world: the session is gone (expired or released)"}
+    gold = _gold_world(pack, task_view)
+    try:
+        differences = world.differences(gold)
+        fraction = world.matching_fraction(gold)
+    except ValueError:  # a world over another copy of the base: compare what each changed
+        differences = _differences_by_value(world, gold)
+        changed = world.changed() | gold.changed()
+        fraction = 1.0 - len(differences) / len(changed) if changed else 1.0
+    exact = 0.0 if differences else 1.0
+    return exact, fraction, {"differences": [list(d) for d in differences[:_DETAIL_LIMIT]]}
+
+
+def _differences_by_value(world: World, gold: World) -> list[tuple[str, str]]:
+    missing = object()
+    out = []
+    for name, key in sorted(world.changed() | gold.changed()):
+        mine, theirs = world[name].peek(key, missing), gold[name].peek(key, missing)
+        if mine is missing or theirs is missing:
+            if mine is not theirs:
+                out.append((name, key))
+        elif world._state(mine) != gold._state(theirs):
+            out.append((name, key))
+    return out
+
+
+def _f1_step(
+    step_of_call: Sequence[int], refused: Sequence[tuple[int, str]], solved_calls: set[int]
+) -> tuple[float | None, dict[int, list[int]]]:
+    steps: dict[int, list[int]] = {}  # turn -> [calls made, sub-goals solved]
+    for index, step in enumerate(step_of_call):
+        entry = steps.setdefault(step, [0, 0])
+        entry[0] += 1
+        entry[1] += index in solved_calls
+    for step, _ in refused:
+        steps.setdefault(step, [0, 0])[0] += 1
+    if not steps:
+        return None, steps
+    return sum(min(1.0, 2 * s / (n + 1)) for n, s in steps.values()) / len(steps), steps
+
+
+# --------------------------------------------------------------------------- score
+
+
+def score(
+    pack: Pack,
+    task: EnvTask,
+    world: World | None,
+    request: VerifyRequest,
+    *,
+    mode: str = "train",
+    weights: Mapping[str, float] | None = None,
+) -> VerifyResult:
+    """Every component of the ``tool_use`` reward, and their combination for ``mode``."""
+    if mode not in MODES:
+        raise ValueError(f"tool_use mode must be one of {MODES}, got {mode!r}")
+    plan = _weights(weights) if mode == "train" else None
+    basis = _basis(task) if mode == "eval" else None
+
+    view = _pack_view(pack)
+    task_view = _task_view(view, pack, task)
+    calls: list[CallRecord] = list(world.calls) if world is not None else []
+    messages = request.response_messages()
+    turns = _read_turns(messages, calls)
+    refused = len(turns.refused)
+
+    n_made = len(calls) + refused
+    attempts = n_made + turns.parse_errors
+    format_score = (n_made / attempts) if attempts else 1.0
+    schema_score, schema_problems = _schema_component(view, task_view, calls, refused)
+
+    matching = match_calls(_candidates(view, task_view, calls), task_view.deps)
+    gold_count = len(task_view.golds)
+    matched, solved = matching.matched_count, matching.solved_count
+    failed = [i for i, c in enumerate(calls) if c.error is not None]
+    extra = n_made - matched
+
+    precision = solved / n_made if n_made else (1.0 if gold_count == 0 else 0.0)
+    completeness = solved / gold_count if gold_count else 1.0
+    f1 = 2 * solved / (n_made + gold_count) if n_made + gold_count else 1.0
+    solved_calls = {c for c, s in zip(matching.calls, matching.solved, strict=True) if s}
+    f1_step, steps = _f1_step(turns.step_of_call, turns.refused, solved_calls)
+    if f1_step is None:
+        f1_step = 1.0 if gold_count == 0 else 0.0
+
+    state, state_fraction, state_details = _state_components(pack, task_view, world)
+
+    text = final_text(request)
+    answer_text, tagged = extract_answer(text)
+    answer = 1.0 if task_view.answer is None else float(_answer_matches(answer_text, task_view.answer))
+    said = " " + normalize_answer(" ".join(assistant_texts(request))) + " "
+    missing = [
+        s for s, n in zip(task.gold.communicate, task_view.communicate, strict=True) if f" {n} " not in said
+    ]
+    communicate = 1.0 - len(missing) / len(task_view.communicate) if task_view.communicate else 1.0
+
+    components = {
+        "format": format_score,
+        "schema": schema_score,
+        "matched": matched / gold_count if gold_count else 1.0,
+        "precision": precision,
+        "completeness": completeness,
+        "f1": f1,
+        "f1_step": f1_step,
+        "calls": 1.0 if solved == gold_count else 0.0,
+        "state": state,
+        "state_fraction": state_fraction,
+        "answer": answer,
+        "communicate": communicate,
+        "extra_calls": float(extra),
+        "failed_calls": float(len(failed)),
+        "penalty": min(1.0, PENALTY_PER_EXTRA * extra + PENALTY_PER_FAILED * len(failed)),
+    }
+    if plan is not None:
+        # rounded so that float sums of weights like 0.05 + 0.3 + ... give exactly 1.0 for a perfect run
+        total = round(math.fsum(weight * components[name] for name, weight in plan.items()), 12)
+        combined = min(1.0, max(0.0, total))
+    else:
+        combined = math.prod(components[name] for name in basis or ())
+
+    used = set(matching.calls)
+    details: dict[str, Any] = {
+        "mode": mode,
+        "counts": {"solved": solved, "matched": matched, "calls": n_made, "gold": gold_count},
+        "matches": [
+            {"gold": task_view.golds[g].id, "name": task_view.golds[g].name, "call": c, "solved": s}
+            for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True))
+            if c >= 0
+        ],
+        "unmatched": [
+            {
+                "gold": task_view.golds[g].id,
+                "why": _why_unmatched(view, task_view, g, calls, matching.blocked[g]),
+            }
+            for g, c in enumerate(matching.calls)
+            if c < 0
+        ][:_DETAIL_LIMIT],
+        "not_solved": [
+            {
+                "gold": task_view.golds[g].id,
+                "call": c,
+                "output": calls[c].output,
+                "gold_output": task_view.golds[g].output,
+            }
+            for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True))
+            if c >= 0 and not s
+        ][:_DETAIL_LIMIT],
+        "extra": [i for i in range(len(calls)) if i not in used][:_DETAIL_LIMIT],
+        "failed": [{"call": i, "name": calls[i].name, "error": calls[i].error} for i in failed][
+            :_DETAIL_LIMIT
+        ],
+        "refused": [{"turn": t, "name": n} for t, n in turns.refused][:_DETAIL_LIMIT],
+        "parse_errors": turns.parse_errors,
+        "schema_problems": schema_problems[:_DETAIL_LIMIT],
+        "steps": {
+            str(t): {"calls": n, "solved": s, "reward": 2 * s / (n + 1)} for t, (n, s) in steps.items()
+        },
+        "state": state_details,
+        "answer": {"answer": answer_text, "tagged": tagged, "gold": task_view.answer},
+        "communicate_missing": missing,
+    }
+    if not matching.exact:
+        details["matching"] = f"search stopped after {matching.steps} steps: best matching found so far"
+    if plan is not None:
+        details["weights"] = plan
+    else:
+        details["basis"] = basis
+    return VerifyResult(combined, components, details)
+
+
+def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
+    if weights is None:
+        return DEFAULT_WEIGHTS
+    plan: dict[str, float] = {}
+    for name, weight in weights.items():
+        if name not in COMPONENTS:
+            raise ValueError(
+                f"unknown tool_use component {name!r} in weights; known: {', '.join(COMPONENTS)}"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+            raise ValueError(f"weight of {name!r} must be a finite number, got {weight!r}")
+        plan[name] = float(weight)
+    return plan
+
+
+def _basis(task: EnvTask) -> list[str]:
+    out = []
+    for raw in task.reward_basis:
+        name = BASIS_ALIASES.get(str(raw).lower(), str(raw).lower())
+        if name not in COMPONENTS or name in NOT_BASIS:
+            raise ValueError(
+                f"task {task.id!r}: reward_basis names {raw!r}, which is not a tool_use component; "
+                f"use some of {', '.join(c for c in COMPONENTS if c not in NOT_BASIS)}"
+            )
+        out.append(name)
+    return out
