@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also start each upstream MCP server and list its tools and clashes",
     )
+    from tool_server.env_cli import add_env_parser
+
+    add_env_parser(sub, _add_config_arg)
     return parser
 
 
@@ -75,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config)
         if args.command == "serve":
             return _serve(config, args)
+        if args.command == "env":
+            from tool_server.env_cli import run_env
+
+            return run_env(args, config)
         from tool_server.app import build_registry, build_upstreams
 
         registry = build_registry(config)

@@ -1,0 +1,105 @@
+"""``tool-server env`` as a user runs it (real subprocesses), and ``python -m tools.data build``
+for pack tasks, read back with the trainer's own dataset loader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support import env_pack
+from tests.support.server import REPO
+from tools.envs.pack import load_pack
+
+SOURCE = "tests.support.env_pack:pack"
+pytestmark = pytest.mark.timeout(120)
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tool_server.cli", "env", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "environments": [
+                    {"source": SOURCE},
+                    {"source": SOURCE, "arguments": {"pack_id": "shop_b", "broken": True}, "toolset": "b"},
+                ]
+            }
+        )
+    )
+    return path
+
+
+def test_list_and_show(config: Path) -> None:
+    listed = cli("list", "--config", str(config), "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert [(r["id"], r["toolset"], r["tools"], r["tasks"]) for r in rows] == [
+        ("shop", "shop", 4, 3),
+        ("shop_b", "b", 4, 6),
+    ]
+    shown = cli("show", "shop", "--config", str(config), "--json")
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["tasks_per_level"] == {"1": 2, "3": 1}
+    assert [t["name"] for t in summary["tools"]] == [t.name for t in env_pack.TOOLS]
+    assert summary["policy"] == env_pack.POLICY
+    text = cli("show", "b", "--config", str(config))  # by toolset name too
+    assert text.returncode == 0 and "shop_b" in text.stdout and "level 3: 2" in text.stdout
+
+
+def test_validate_passes_a_good_pack_and_names_each_broken_task(config: Path) -> None:
+    good = cli("validate", "shop", "--config", str(config))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "3 of 3 tasks valid" in good.stdout
+    bad = cli("validate", SOURCE, "--arg", "broken=true")
+    assert bad.returncode == 1
+    lines = bad.stdout.splitlines()
+    assert any(line.startswith("shop/gold_fails: gold call cancel_order") for line in lines)
+    assert any(
+        line.startswith("shop/missing_tool: gold calls use tools the pack lacks: refund_order")
+        for line in lines
+    )
+    assert any(line.startswith("shop/wrong_level: complexity: scenario 'multi_hop'") for line in lines)
+    assert not any(
+        line.startswith(("shop/look", "shop/cancel_patched", "shop/user_then_cancel")) for line in lines
+    )
+    assert "3 of 6 tasks valid, 3 with problems" in bad.stdout
+
+
+def test_export_writes_a_directory_that_loads_and_validates(tmp_path: Path) -> None:
+    out = tmp_path / "shop"
+    exported = cli("export", SOURCE, "--out", str(out))
+    assert exported.returncode == 0, exported.stderr
+    assert "tools: tests.support.env_pack" in exported.stdout
+    loaded = load_pack(out)
+    original = env_pack.pack()
+    assert [t.to_dict() for t in loaded.tasks] == [t.to_dict() for t in original.tasks]
+    assert loaded.initial_state == original.initial_state
+    assert cli("validate", str(out), "--quiet").returncode == 0
+
+
+def test_bad_input_gets_a_configuration_error(config: Path) -> None:
+    unknown = cli("show", "nope", "--config", str(config))
+    assert unknown.returncode == 2
+    assert "neither a pack directory nor a 'module:callable' source" in unknown.stderr
+    assert "the config's packs: shop, shop_b" in unknown.stderr
+    bad_argument = cli("validate", SOURCE, "--arg", "colour=red")
+    assert bad_argument.returncode == 2 and "bad arguments" in bad_argument.stderr
+    helped = cli("--help")
+    assert helped.returncode == 0 and "validate" in helped.stdout and "--arg key=value" in helped.stdout

@@ -1,0 +1,294 @@
+"""``tool-server env``: list, show, validate and export environment packs.
+
+A pack is named by its id in the config's ``environments``, or given directly as a pack
+directory or a ``module:callable`` source (with ``--arg key=value`` for its arguments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import yaml
+
+from tool_server.config import Config, ConfigError
+from tool_server.environments import load_environment
+from tools.envs.host import open_pack
+from tools.envs.pack import Complexity, EnvTask, Pack, dump_pack
+
+__all__ = ["add_env_parser", "run_env", "task_problems"]
+
+_COMPLEXITY_FIELDS = ("scenario", "gold_calls", "depth", "width", "level")
+
+_DESCRIPTION = """\
+Environment packs: worlds of tools over a state, with tasks and their gold calls.
+The server serves each pack in its config's `environments:` as a toolset named after
+the pack (/v1/tools?toolset=<id>, /mcp/<id>). These commands read the same config
+(--config), or take a pack directly: a pack directory, or a 'module:callable' source
+whose keyword arguments are given with --arg key=value (values are YAML: 3, true, [a, b]).
+
+  list      the packs of the config: id, toolset, tools, tasks
+  show      one pack: description, policy, tools, tasks per complexity level
+  validate  every task: its tools exist, its gold calls replay without error in a fresh
+            world of the task, its complexity is what its gold calls' dependency graph
+            gives (Complexity.from_calls); exit 1 when a task fails
+  export    write a pack as a directory (pack.yaml, state.json, tasks.jsonl)
+"""
+
+
+def add_env_parser(sub: Any, add_config_arg: Any) -> None:
+    env = sub.add_parser(
+        "env",
+        help="list, show, validate or export environment packs",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = env.add_subparsers(dest="env_command", required=True)
+    listing = commands.add_parser("list", help="the packs of the config")
+    add_config_arg(listing)
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    for name, text in (
+        ("show", "one pack's description, policy, tools and task counts per level"),
+        ("validate", "replay every task's gold calls; check tools and complexity (exit 1 on a problem)"),
+        ("export", "write one pack as a directory"),
+    ):
+        command = commands.add_parser(name, help=text, description=text)
+        add_config_arg(command)
+        command.add_argument(
+            "pack",
+            help="a pack id of the config's environments, a pack directory, or a 'module:callable' source",
+        )
+        command.add_argument(
+            "--arg",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="an argument of a 'module:callable' source (repeatable; YAML values)",
+        )
+        if name == "show":
+            command.add_argument("--json", action="store_true", help="print JSON")
+        if name == "validate":
+            command.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name == "export":
+            command.add_argument("--out", required=True, type=Path, help="the directory to write")
+            command.add_argument(
+                "--tools-module",
+                default=None,
+                help="the module whose TOOLS the directory's pack.yaml names (default: the module "
+                "that defines the pack's tools, if it exports TOOLS)",
+            )
+
+
+def run_env(args: argparse.Namespace, config: Config) -> int:
+    if args.env_command == "list":
+        return _list(config, args.json)
+    pack = _pack(config, args.pack, args.arg)
+    if args.env_command == "show":
+        return _show(pack, args.json)
+    if args.env_command == "validate":
+        return _validate(pack, quiet=args.quiet)
+    return _export(pack, args.out, args.tools_module)
+
+
+def parse_arguments(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["seed=3", "world=shop"]`` -> ``{"seed": 3, "world": "shop"}`` (values parsed as YAML)."""
+    arguments = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--arg {pair!r} must look like key=value")
+        arguments[key.strip()] = yaml.safe_load(value)
+    return arguments
+
+
+def _pack(config: Config, name: str, pairs: list[str]) -> Pack:
+    arguments = parse_arguments(pairs)
+    for spec in config.environments:
+        if not spec.enabled or arguments:
+            continue
+        pack = load_environment(spec)
+        if name in (pack.id, spec.toolset):
+            return pack
+    try:
+        return open_pack(name, arguments)
+    except ValueError as exc:
+        known = ", ".join(_config_ids(config)) or "none"
+        raise ConfigError(f"{exc} (the config's packs: {known})") from None
+
+
+def _config_ids(config: Config) -> list[str]:
+    return [load_environment(spec).id for spec in config.environments if spec.enabled]
+
+
+def _list(config: Config, as_json: bool) -> int:
+    rows = []
+    for spec in config.environments:
+        if not spec.enabled:
+            continue
+        pack = load_environment(spec)
+        rows.append(
+            {
+                "id": pack.id,
+                "toolset": spec.toolset or pack.id,
+                "origin": pack.info.origin,
+                "tools": len(pack.tools),
+                "tasks": len(pack.tasks),
+                "from": spec.ref(),
+            }
+        )
+    if as_json:
+        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+    elif not rows:
+        print("no environments in this config (add an `environments:` list; see docs/environments.md)")
+    else:
+        _table(rows, ("id", "toolset", "origin", "tools", "tasks", "from"))
+    return 0
+
+
+def pack_summary(pack: Pack) -> dict[str, Any]:
+    """What ``env show`` prints: info, tools, and task counts per level and scenario."""
+    return {
+        **vars(pack.info),
+        "policy": pack.policy,
+        "tables": {name: len(records) for name, records in pack.initial_state.items()},
+        "tools": [
+            {
+                "name": t.name,
+                "writes": t.writes,
+                "description": t.description.splitlines()[0] if t.description else "",
+            }
+            for t in pack.tools
+        ],
+        "tasks": len(pack.tasks),
+        "tasks_per_level": {
+            str(k): v for k, v in sorted(Counter(t.complexity.level for t in pack.tasks).items())
+        },
+        "tasks_per_scenario": dict(Counter(t.complexity.scenario for t in pack.tasks)),
+    }
+
+
+def _show(pack: Pack, as_json: bool) -> int:
+    summary = pack_summary(pack)
+    if as_json:
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(
+        f"{pack.id} (version {pack.info.version}, origin {pack.info.origin}, domain {pack.info.domain or '-'})"
+    )
+    if pack.info.description:
+        print(f"  {pack.info.description}")
+    tables = ", ".join(f"{name} ({count})" for name, count in summary["tables"].items())
+    print(f"state: {tables or 'empty'}")
+    if pack.policy:
+        first = pack.policy.strip().splitlines()[0]
+        print(f"policy: {len(pack.policy)} characters: {first[:100]}")
+    print(f"tools ({len(pack.tools)}):")
+    for tool in summary["tools"]:
+        print(f"  {tool['name']}{' (writes)' if tool['writes'] else ''}: {tool['description']}")
+    print(f"tasks: {summary['tasks']}")
+    for level, count in summary["tasks_per_level"].items():
+        print(f"  level {level}: {count}")
+    return 0
+
+
+def task_problems(pack: Pack, task: EnvTask) -> list[str]:
+    """What is wrong with one task (empty: nothing): tools, gold replay, complexity."""
+    problems = []
+    names = {t.name for t in pack.tools}
+    exposed = set(task.tools) if task.tools is not None else names
+    unknown = sorted((exposed | set(task.distractors)) - names)
+    if unknown:
+        problems.append(f"names tools the pack lacks: {', '.join(unknown)}")
+    gold_names = {c.name for c in task.gold.calls}
+    if gold_names - names:
+        problems.append(f"gold calls use tools the pack lacks: {', '.join(sorted(gold_names - names))}")
+    not_exposed = sorted((gold_names & names) - exposed)
+    if not_exposed:
+        problems.append(f"gold calls use tools the task does not expose: {', '.join(not_exposed)}")
+    if not (set(task.distractors) <= exposed):
+        problems.append("distractors must be among the task's tools")
+    try:
+        world = pack.replay(task)
+    except Exception as exc:  # a tool's bug: the task is what is reported, not a traceback
+        problems.append(f"replay failed: {type(exc).__name__}: {exc}")
+    else:
+        for record in world.calls:
+            if record.error is not None:
+                problems.append(f"gold call {record.name}({_short(record.arguments)}) failed: {record.error}")
+    try:
+        expected = Complexity.from_calls(
+            task.gold.calls, distractors=task.complexity.distractors, scaling=task.complexity.scaling
+        )
+    except ValueError as exc:
+        problems.append(f"complexity: {exc}")
+    else:
+        wrong = [
+            f"{field} {getattr(task.complexity, field)!r} (gold calls give {getattr(expected, field)!r})"
+            for field in _COMPLEXITY_FIELDS
+            if getattr(task.complexity, field) != getattr(expected, field)
+        ]
+        if wrong:
+            problems.append("complexity: " + ", ".join(wrong))
+    return problems
+
+
+def _validate(pack: Pack, *, quiet: bool) -> int:
+    from tqdm import tqdm
+
+    failed: dict[str, list[str]] = {}
+    for task in tqdm(
+        pack.tasks, desc=f"validate {pack.id}", unit="task", disable=quiet or None, file=sys.stderr
+    ):
+        problems = task_problems(pack, task)
+        if problems:
+            failed[task.id] = problems
+    for task_id, problems in failed.items():
+        for problem in problems:
+            print(f"{pack.id}/{task_id}: {problem}")
+    good = len(pack.tasks) - len(failed)
+    print(
+        f"{pack.id}: {good} of {len(pack.tasks)} tasks valid"
+        + (f", {len(failed)} with problems" if failed else "")
+    )
+    return 1 if failed else 0
+
+
+def _export(pack: Pack, out: Path, tools_module: str | None) -> int:
+    module = tools_module or _tools_module(pack)
+    path = dump_pack(pack, out, tools_module=module)
+    print(f"wrote {pack.id} ({len(pack.tools)} tools, {len(pack.tasks)} tasks) to {path} (tools: {module})")
+    return 0
+
+
+def _tools_module(pack: Pack) -> str:
+    """The module defining the pack's tools, if it exports them as TOOLS (what load_pack imports)."""
+    import importlib
+
+    modules = {getattr(t.func, "__module__", None) for t in pack.tools}
+    if len(modules) == 1:
+        (name,) = modules
+        if name:
+            exported = getattr(importlib.import_module(name), "TOOLS", None) or []
+            if {t.name for t in pack.tools} <= {getattr(t, "name", None) for t in exported}:
+                return name
+    raise ConfigError(
+        f"cannot tell which module exports the tools of {pack.id!r} as TOOLS (their functions come from "
+        f"{sorted(m or '?' for m in modules)}); pass --tools-module"
+    )
+
+
+def _short(arguments: dict[str, Any]) -> str:
+    text = orjson.dumps(arguments, default=str).decode()
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> None:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(str(row[c]).ljust(widths[c]) for c in columns))
