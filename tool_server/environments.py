@@ -53,7 +53,7 @@ def add_environments(
     for spec in specs:
         pack = load_environment(spec)
         try:
-            host.add(pack)
+            host.add(pack, spec.prefix)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         toolset = spec.toolset or pack.id

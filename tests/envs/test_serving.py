@@ -7,6 +7,7 @@ as a directory under another toolset with prefixed tool names.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from protocol import Result, decode_results
+from protocol import Result, VerifyResult, decode_results, decode_verify_results
 from tests.support import env_pack
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.envs.pack import dump_pack
@@ -243,3 +244,90 @@ def test_the_directory_pack_round_trips(tmp_path: Path) -> None:
     loaded = load_pack(dump_pack(original, tmp_path, tools_module="tests.support.env_pack"))
     assert [t.to_dict() for t in loaded.tasks] == [t.to_dict() for t in original.tasks]
     assert loaded.initial_state == original.initial_state and loaded.policy == original.policy
+
+
+def verify(srv: ServerProcess, request: dict[str, Any]) -> VerifyResult:
+    body = {"requests": [{"verifier": "tool_use", "response": "", **request}]}
+    response = httpx.post(srv.url + "/v1/verify", json=body, headers=headers(), timeout=30)
+    assert response.status_code == 200, response.text
+    return decode_verify_results(response.content)[0]
+
+
+def played(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    """A trajectory's messages: the prompt, one assistant turn per call and its tool message."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "please"}]
+    for name, arguments in calls:
+        text = json.dumps({"name": name, "arguments": arguments})
+        messages += [
+            {"role": "assistant", "content": f"<tool_call>{text}</tool_call>"},
+            {"role": "tool", "name": name, "content": "ok"},
+        ]
+    return messages + [{"role": "assistant", "content": "Done."}]
+
+
+def test_the_tool_use_verifier_scores_the_sessions_world(server: ServerProcess) -> None:
+    gold = [("get_user", {"user_id": "u1"}), ("cancel_order", {"order_id": "o1"})]
+    session, idle = sid(), sid()
+    truth = {"pack": "shop", "task": "user_then_cancel"}
+    for s in (session, idle):
+        assert open_session(server, {"session": s, "environment": truth}).status_code == 201
+    for name, arguments in gold:
+        assert not call(server, name, arguments, session).is_error
+    request = {"ground_truth": truth, "messages": played(gold), "response_start": 1}
+    solved = verify(server, {**request, "session": session, "arguments": {"mode": "eval"}})
+    assert not solved.is_error, solved.error
+    assert solved.score == 1.0 and solved.components["state"] == 1.0 and solved.components["calls"] == 1.0
+    weighted = verify(server, {**request, "session": session, "arguments": {"weights": {"state": 1.0}}})
+    assert weighted.score == 1.0
+    # A session that made no call is scored on the task's starting world: nothing done.
+    nothing = verify(
+        server, {**request, "messages": played([]), "session": idle, "arguments": {"mode": "eval"}}
+    )
+    assert not nothing.is_error and nothing.score == 0.0 and nothing.components["state"] == 0.0
+    # Without a session there is no world to check.
+    no_world = verify(server, {**request, "arguments": {"mode": "eval"}})
+    assert not no_world.is_error and no_world.components["state"] == 0.0
+
+
+def test_the_tool_use_verifier_in_a_patched_task_and_behind_a_prefix(server: ServerProcess) -> None:
+    session = sid()
+    truth = {"pack": "shop_dir", "task": "cancel_patched"}
+    assert open_session(server, {"session": session, "environment": truth}).status_code == 201
+    assert not call(server, "s2_cancel_order", {"order_id": "o9"}, session).is_error
+    messages = played([("s2_cancel_order", {"order_id": "o9"})])
+    result = verify(
+        server, {"ground_truth": truth, "messages": messages, "response_start": 1, "session": session}
+    )
+    assert not result.is_error, result.error
+    assert result.components["state"] == 1.0
+    assert result.components["format"] == 1.0 and result.components["schema"] == 1.0  # names unprefixed
+
+
+def test_the_tool_use_verifier_refuses_what_it_cannot_score(server: ServerProcess) -> None:
+    session = sid()
+    assert (
+        open_session(
+            server, {"session": session, "environment": {"pack": "shop", "task": "look"}}
+        ).status_code
+        == 201
+    )
+    cases = {
+        "played task 'look'": {
+            "ground_truth": {"pack": "shop", "task": "user_then_cancel"},
+            "session": session,
+        },
+        "no environment pack 'mall'": {"ground_truth": {"pack": "mall", "task": "look"}},
+        "ground_truth must be": {"ground_truth": "shop/look"},
+        "mode must be one of": {
+            "ground_truth": {"pack": "shop", "task": "look"},
+            "arguments": {"mode": "exam"},
+        },
+    }
+    for expected, request in cases.items():
+        result = verify(server, request)
+        assert result.is_error and result.error is not None, expected
+        assert result.error.kind.value == "invalid_arguments" and expected in result.error.message
+    unbound = sid()
+    assert not call(server, "get_order", {"order_id": "o1"}, unbound).is_error
+    patched = verify(server, {"ground_truth": {"pack": "shop", "task": "cancel_patched"}, "session": unbound})
+    assert patched.is_error and patched.error is not None and "bind the session" in patched.error.message

@@ -12,6 +12,7 @@ the server's config, the ``tool-server env`` commands and the data builder alike
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import threading
 import weakref
@@ -96,16 +97,19 @@ class EnvHost:
 
     def __init__(self) -> None:
         self.packs: dict[str, Pack] = {}
+        self.prefixes: dict[str, str] = {}
         # Worlds created and freed (a finalizer counts each one reclaimed): for /metrics and
         # the tests that show a released session's world is gone. Tools run in threads.
         self._lock = threading.RLock()  # a finalizer may run inside a locked block
         self.worlds_created = 0
         self.worlds_freed = 0
 
-    def add(self, pack: Pack) -> Pack:
+    def add(self, pack: Pack, prefix: str = "") -> Pack:
+        """Serve ``pack``; ``prefix`` is what its served tool names have in front of its own."""
         if pack.id in self.packs:
             raise ValueError(f"two environments have the id {pack.id!r}; serve each pack once")
         self.packs[pack.id] = pack
+        self.prefixes[pack.id] = prefix
         return pack
 
     def resolve(self, pack_id: str, task_id: str) -> tuple[Pack, EnvTask]:
@@ -225,7 +229,12 @@ class EnvHost:
         world = self._world_to_score(ctx.session, pack, task)
         from tools.verifiers.tool_use import score  # the reward (loaded on first use)
 
-        return score(pack, task, world, request, mode=mode, weights=weights)
+        try:
+            return score(
+                pack, task, world, _unprefixed(request, self.prefixes[pack.id]), mode=mode, weights=weights
+            )
+        except ValueError as exc:  # bad weights
+            raise ToolError(str(exc), ErrorKind.INVALID_ARGUMENTS) from None
 
     def _world_to_score(self, session: SessionState | None, pack: Pack, task: EnvTask) -> World | None:
         if session is None:
@@ -246,6 +255,19 @@ class EnvHost:
                 ErrorKind.INVALID_ARGUMENTS,
             )
         return held.world
+
+
+def _unprefixed(request: VerifyRequest, prefix: str) -> VerifyRequest:
+    """The request with its tool messages named as the pack names its tools (as world.calls does)."""
+    if not prefix or not request.messages:
+        return request
+    messages = [
+        {**m, "name": m["name"][len(prefix) :]}
+        if m.get("role") == "tool" and isinstance(m.get("name"), str) and m["name"].startswith(prefix)
+        else m
+        for m in request.messages
+    ]
+    return dataclasses.replace(request, messages=messages)
 
 
 def _forget_worlds(session: SessionState) -> None:
