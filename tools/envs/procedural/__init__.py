@@ -24,6 +24,7 @@ from tools.envs.procedural.compose import Options, compose_task, derive_answer
 __all__ = ["WORLDS", "Options", "derive_answer", "pack", "tools_module", "world_module"]
 
 WORLDS = ("shop", "library", "bank", "calendar")
+RETRIES = 20
 
 
 def tools_module(world: str) -> str:
@@ -51,8 +52,9 @@ def pack(
 ) -> Pack:
     """A procedural pack of ``tasks`` tasks over ``levels`` in ``world``, from ``seed``.
 
-    Task ``i`` depends only on (world, seed, its level, i) and the options, so a smaller
-    pack with the same levels is a prefix of a larger one. ``pack_id`` defaults to a name
+    Task ``i`` depends only on (world, seed, its level, i), the options and the tasks
+    before it (a task whose prompt an earlier one has is drawn again), so a smaller pack
+    with the same levels is a prefix of a larger one. ``pack_id`` defaults to a name
     that says what differs from the defaults (packs with different contents need
     different ids: rewards look tasks up by pack id).
     """
@@ -64,17 +66,22 @@ def pack(
         raise ValueError(f"tasks must be >= 0, got {tasks}")
     options = Options(distractors, toolset_extension, parameter_expansion, patched)
     state = module.initial_state(random.Random(f"{world}:{seed}:state"))
-    generated = [
-        compose_task(
-            module,
-            f"{world}-{seed}-{index:04d}",
-            levels[index % len(levels)],
-            random.Random(f"{world}:{seed}:task:{index}:{levels[index % len(levels)]}"),
-            state,
-            options,
-        )
-        for index in range(tasks)
-    ]
+    generated, prompts = [], set()
+    for index in range(tasks):
+        level = levels[index % len(levels)]
+        for retry in range(RETRIES):  # small worlds repeat themselves: draw again, a few times
+            task = compose_task(
+                module,
+                f"{world}-{seed}-{index:04d}",
+                level,
+                random.Random(f"{world}:{seed}:task:{index}:{level}:{retry}"),
+                state,
+                options,
+            )
+            if task.prompt[0]["content"] not in prompts:
+                break
+        prompts.add(task.prompt[0]["content"])
+        generated.append(task)
     info = PackInfo(
         id=pack_id or _default_id(world, seed, levels, options),
         origin="procedural",
