@@ -9,16 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
-import yaml
 
 from tool_server.config import Config, ConfigError
 from tool_server.environments import load_environment
-from tools.envs.host import open_pack
+from tools.envs.host import open_pack, parse_arguments
 from tools.envs.pack import Complexity, EnvTask, Pack, dump_pack
 
 __all__ = ["add_env_parser", "run_env", "task_problems"]
@@ -95,19 +93,11 @@ def run_env(args: argparse.Namespace, config: Config) -> int:
     return _export(pack, args.out, args.tools_module)
 
 
-def parse_arguments(pairs: Iterable[str]) -> dict[str, Any]:
-    """``["seed=3", "world=shop"]`` -> ``{"seed": 3, "world": "shop"}`` (values parsed as YAML)."""
-    arguments = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--arg {pair!r} must look like key=value")
-        arguments[key.strip()] = yaml.safe_load(value)
-    return arguments
-
-
 def _pack(config: Config, name: str, pairs: list[str]) -> Pack:
-    arguments = parse_arguments(pairs)
+    try:
+        arguments = parse_arguments(pairs)
+    except ValueError as exc:
+        raise ConfigError(f"--arg: {exc}") from None
     for spec in config.environments:
         if not spec.enabled or arguments:
             continue

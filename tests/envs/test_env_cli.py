@@ -14,6 +14,7 @@ import yaml
 from tests.support import env_pack
 from tests.support.server import REPO
 from tools.envs.pack import load_pack
+from trainer_client.dataset import load_tasks
 
 SOURCE = "tests.support.env_pack:pack"
 pytestmark = pytest.mark.timeout(120)
@@ -103,3 +104,78 @@ def test_bad_input_gets_a_configuration_error(config: Path) -> None:
     assert bad_argument.returncode == 2 and "bad arguments" in bad_argument.stderr
     helped = cli("--help")
     assert helped.returncode == 0 and "validate" in helped.stdout and "--arg key=value" in helped.stdout
+
+
+def build_data(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "tools.data",
+        "build",
+        "--out",
+        str(out),
+        "--tasks",
+        f"env:{SOURCE}",
+        *extra,
+    ]
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def test_data_build_writes_rows_the_trainer_reads(tmp_path: Path) -> None:
+    built = build_data(tmp_path, "--env-test-fraction", "0.34", "--seed", "1")
+    assert built.returncode == 0, built.stderr
+    rows = [
+        row
+        for split in ("train", "test")
+        for row in load_tasks(tmp_path / "env" / "shop" / f"{split}.parquet")
+    ]
+    assert sorted(r.extra_info["task"] for r in rows) == ["cancel_patched", "look", "user_then_cancel"]
+    assert sorted(r.extra_info["split"] for r in rows) == ["test", "train", "train"]
+    pack = env_pack.pack()
+    for row in rows:
+        task = pack.task(row.extra_info["task"])
+        assert row.data_source == "env/shop"
+        assert row.ground_truth == {"pack": "shop", "task": task.id}
+        assert row.messages == [{"role": "system", "content": env_pack.POLICY}, *task.prompt]
+        assert row.extra_info["level"] == task.complexity.level and row.extra_info["pack"] == "shop"
+        rollout_task = row.task()
+        assert rollout_task.verifier == "tool_use"
+        assert rollout_task.metadata["pack"] == "shop" and rollout_task.metadata["task"] == task.id
+        exposed = task.tools or [t.name for t in env_pack.TOOLS]
+        assert [t["name"] for t in rollout_task.tools] == exposed
+        for descriptor in rollout_task.tools:  # what each tool declares survives the round trip
+            schema = pack.tool(descriptor["name"]).input_schema
+            assert set(schema["properties"]) <= set(descriptor["inputSchema"]["properties"])
+            assert list(descriptor["inputSchema"]["required"]) == schema["required"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="parquet stores the tools' schemas as one struct type per file: every tool's inputSchema comes "
+    "back with the other tools' properties as null (trainer_client/dataset.py should drop the nulls)",
+)
+def test_data_build_tool_schemas_round_trip_exactly(tmp_path: Path) -> None:
+    assert build_data(tmp_path, "--env-test-fraction", "0").returncode == 0
+    pack = env_pack.pack()
+    for row in load_tasks(tmp_path / "env" / "shop" / "train.parquet"):
+        for descriptor in row.task().tools or []:
+            assert descriptor["inputSchema"] == pack.tool(descriptor["name"]).input_schema
+
+
+def test_data_build_levels_prefix_and_errors(tmp_path: Path) -> None:
+    built = build_data(tmp_path, "--env-levels", "3", "--env-prefix", "s2_", "--env-test-fraction", "0")
+    assert built.returncode == 0, built.stderr
+    (row,) = load_tasks(tmp_path / "env" / "shop" / "train.parquet")
+    assert row.extra_info["task"] == "user_then_cancel"
+    assert [t["name"] for t in row.extra_info["tools"]] == ["s2_" + t.name for t in env_pack.TOOLS]
+    assert not (tmp_path / "env" / "shop" / "test.parquet").exists()
+    none = build_data(tmp_path, "--env-levels", "4")
+    assert none.returncode == 1 and "has no tasks of level [4]" in none.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "tools.data", "build", "--out", str(tmp_path), "--tasks", "env:/no/such/pack"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "neither a pack directory" in missing.stderr

@@ -6,10 +6,12 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tools.data import BUILDERS, arithmetic, search_qa, write_parquet
 
 DEFAULT_OUT = "~/data/toolfactory"
+ENV_PREFIX = "env:"  # --tasks env:<pack directory or module:callable>
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +32,32 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--tasks",
         default=",".join(BUILDERS),
-        help=f"comma-separated tasks to build (default: all of {', '.join(BUILDERS)})",
+        help=f"comma-separated tasks to build (default: all of {', '.join(BUILDERS)}); 'env:<pack>' builds "
+        "an environment pack's tasks into <out>/env/<pack id>/, <pack> being a pack directory or a "
+        "'module:callable' source (e.g. env:tools.envs.procedural:pack)",
+    )
+    build.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="env: an argument of every 'module:callable' pack source (repeatable; YAML values: 3, true)",
+    )
+    build.add_argument(
+        "--env-test-fraction",
+        type=float,
+        default=0.1,
+        help="env: fraction of tasks in the test split, for tasks without a split of their own (default 0.1)",
+    )
+    build.add_argument(
+        "--env-levels",
+        default=None,
+        help="env: only tasks of these complexity levels, comma-separated (1-4; default all)",
+    )
+    build.add_argument(
+        "--env-prefix",
+        default="",
+        help="env: the tool-name prefix the server's environments entry uses (default none)",
     )
     build.add_argument(
         "--few-shot",
@@ -62,7 +89,7 @@ def _log(message: str) -> None:
 
 def build(args: argparse.Namespace) -> int:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    unknown = [t for t in tasks if t not in BUILDERS]
+    unknown = [t for t in tasks if t not in BUILDERS and not t.startswith(ENV_PREFIX)]
     if unknown:
         _log(f"error: unknown task(s) {unknown}; known: {list(BUILDERS)}")
         return 2
@@ -70,8 +97,11 @@ def build(args: argparse.Namespace) -> int:
     for task in tasks:
         started = time.perf_counter()
         _log(f"[{task}] building (seed {args.seed}) ...")
+        folder = out / task
         try:
-            if task == "search_qa":
+            if task.startswith(ENV_PREFIX):
+                folder, rows = _env_rows(task[len(ENV_PREFIX) :], args, out)
+            elif task == "search_qa":
                 rows = search_qa.build_rows(seed=args.seed, test_fraction=args.search_test_fraction)
             else:
                 rows = arithmetic.build_rows(
@@ -85,10 +115,35 @@ def build(args: argparse.Namespace) -> int:
             _log(f"[{task}] error: {exc}")
             return 1
         for split, split_rows in rows.items():
-            path = write_parquet(split_rows, out / task / f"{split}.parquet")
+            if not split_rows:
+                _log(f"[{task}] {split}: no rows, no file")
+                continue
+            path = write_parquet(split_rows, folder / f"{split}.parquet")
             _log(f"[{task}] {split}: {len(split_rows)} rows -> {path}")
         _log(f"[{task}] done in {time.perf_counter() - started:.1f}s")
     return 0
+
+
+def _env_rows(ref: str, args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, list[dict[str, Any]]]]:
+    """An environment pack's rows and their folder (<out>/env/<pack id>)."""
+    from tools.data import environments
+    from tools.envs.host import open_pack, parse_arguments
+
+    arguments = parse_arguments(args.env_arg)
+    is_source = ":" in ref and not Path(ref).exists()
+    pack = open_pack(ref, arguments if is_source else None)
+    levels = None
+    if args.env_levels:
+        try:
+            levels = {int(level) for level in args.env_levels.split(",") if level.strip()}
+        except ValueError:
+            raise ValueError(
+                f"--env-levels must be comma-separated integers, got {args.env_levels!r}"
+            ) from None
+    rows = environments.build_rows(
+        pack, seed=args.seed, test_fraction=args.env_test_fraction, prefix=args.env_prefix, levels=levels
+    )
+    return out / "env" / pack.id, rows
 
 
 def main(argv: list[str] | None = None) -> int:

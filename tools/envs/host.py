@@ -16,18 +16,19 @@ import dataclasses
 import importlib
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
+import yaml
 
 from protocol import ErrorKind, SessionState, ToolContext, ToolError, VerifyRequest, VerifyResult
 from tools.envs.pack import EnvTask, Pack, load_pack
 from tools.envs.world import CallRecord, World, _jsonable
 
-__all__ = ["Binding", "EnvHost", "open_pack", "resolve_ground_truth"]
+__all__ = ["Binding", "EnvHost", "open_pack", "parse_arguments", "resolve_ground_truth"]
 
 _WORLDS_KEY = "toolfactory.env.worlds"  # SessionState.data: pack id -> _SessionWorld
 _BINDING_KEY = "toolfactory.env.binding"  # SessionState.data: the session's Binding
@@ -62,6 +63,18 @@ def open_pack(ref: str, arguments: Mapping[str, Any] | None = None) -> Pack:
     if not Path(ref).expanduser().is_dir():
         raise ValueError(f"environment {ref!r} is neither a pack directory nor a 'module:callable' source")
     return load_pack(ref)
+
+
+def parse_arguments(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["seed=3", "world=shop"]`` -> ``{"seed": 3, "world": "shop"}``: a source's arguments
+    from a command line (values parsed as YAML). ValueError names a malformed pair."""
+    arguments = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"argument {pair!r} must look like key=value")
+        arguments[key.strip()] = yaml.safe_load(value)
+    return arguments
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,89 @@
+"""Environment pack tasks as veRL-format rows: one row per task, scored by the ``tool_use`` verifier.
+
+A row's prompt is the pack's policy (as system text) followed by the task's prompt; its
+ground truth is ``{"pack", "task"}`` (the server looks the gold up: gold never travels
+to the trainer); ``extra_info`` names the pack, the task, its complexity level, the
+verifier and the MCP descriptors of the tools the task exposes, which the trainer gives
+the chat template and the parser. The rollout binds each trajectory's session to the
+task, so its world starts from the task's state.
+
+Splits: a task whose ``metadata["split"]`` is ``train`` or ``test`` keeps it (an
+importer's official split); the others are shuffled with the seed and the first
+``test_fraction`` of them go to ``test``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection
+from typing import Any
+
+from tools.envs.pack import EnvTask, Pack
+
+__all__ = ["ABILITY", "VERIFIER", "build_rows", "task_row"]
+
+ABILITY = "tool_use"
+VERIFIER = "tool_use"
+SPLITS = ("train", "test")
+
+
+def task_row(pack: Pack, task: EnvTask, *, split: str, index: int, prefix: str = "") -> dict[str, Any]:
+    """One veRL row for ``task`` (tool names with ``prefix``, as the server serves them)."""
+    exposed = set(task.tools) if task.tools is not None else None
+    tools = [
+        {**tool.descriptor(), "name": prefix + tool.name}
+        for tool in pack.tools
+        if exposed is None or tool.name in exposed
+    ]
+    return {
+        "data_source": f"env/{pack.id}",
+        "prompt": _prompt(pack.policy, task.prompt),
+        "ability": ABILITY,
+        "reward_model": {"style": "rule", "ground_truth": {"pack": pack.id, "task": task.id}},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "pack": pack.id,
+            "task": task.id,
+            "level": task.complexity.level,
+            "verifier": VERIFIER,
+            "tools": tools,
+        },
+    }
+
+
+def build_rows(
+    pack: Pack,
+    *,
+    seed: int = 0,
+    test_fraction: float = 0.1,
+    prefix: str = "",
+    levels: Collection[int] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows, "test": rows}`` for the pack's tasks (of ``levels``, if given)."""
+    if not 0.0 <= test_fraction <= 1.0:
+        raise ValueError(f"test_fraction must be within [0, 1], got {test_fraction}")
+    tasks = [t for t in pack.tasks if levels is None or t.complexity.level in levels]
+    if not tasks:
+        raise ValueError(f"pack {pack.id!r} has no tasks" + (f" of level {sorted(levels)}" if levels else ""))
+    split_of = {t.id: t.metadata["split"] for t in tasks if t.metadata.get("split") in SPLITS}
+    free = [t.id for t in tasks if t.id not in split_of]
+    random.Random(seed).shuffle(free)
+    n_test = round(len(free) * test_fraction)
+    split_of.update({task_id: "test" if i < n_test else "train" for i, task_id in enumerate(free)})
+    rows: dict[str, list[dict[str, Any]]] = {split: [] for split in SPLITS}
+    for task in tasks:  # the pack's order within a split
+        split = split_of[task.id]
+        rows[split].append(task_row(pack, task, split=split, index=len(rows[split]), prefix=prefix))
+    return rows
+
+
+def _prompt(policy: str, prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The policy as system text in front of the task's chat (one system message: templates want one)."""
+    messages = [dict(m) for m in prompt]
+    if not policy:
+        return messages
+    if messages and messages[0].get("role") == "system":
+        messages[0]["content"] = f"{policy.rstrip()}\n\n{messages[0].get('content') or ''}"
+        return messages
+    return [{"role": "system", "content": policy}, *messages]
