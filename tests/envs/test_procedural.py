@@ -134,9 +134,10 @@ def test_no_tool_leaks_the_answer(built: Pack) -> None:
 
     For an answer task, every read tool the task exposes is called on the task's initial
     world with the gold arguments of other tasks that share no argument value with this
-    one. None of those outputs may hold the record the answer is read from, the records
-    it counts, or (for an answer that is a name) the name itself. At levels 3-4 the
-    answer must come from calls that depend on a lookup.
+    one. None of those outputs may hold the record the answer is read from, or (for an
+    answer that is a name) the name itself; a list the answer counts must not come back
+    for other arguments. At levels 3-4 the answer must come from calls that depend on a
+    lookup.
     """
     readers = {t.name for t in built.tools if not t.writes}
     pool = [(t, c) for t in built.tasks for c in t.gold.calls if c.name in readers]
@@ -146,7 +147,8 @@ def test_no_tool_leaks_the_answer(built: Pack) -> None:
             continue
         spec = task.metadata["derive"]
         _, outputs = replay_outputs(built, task)
-        subjects = _subject_ids(spec, outputs)
+        subjects = _subject_ids(spec)
+        counted = _counted(spec, task, outputs)
         label = task.gold.answer if spec["op"] in ("argmin", "argmax") else None
         mine = {json.dumps(v) for c in task.gold.calls for v in scalars(c.arguments)}
         world = built.new_world(task)
@@ -158,7 +160,8 @@ def test_no_tool_leaks_the_answer(built: Pack) -> None:
             output = built.call(world, call.name, call.arguments)
             ids = {r.get("id") for r in output_records(output)}
             assert len(output_records(output)) <= MAX_RESULTS
-            assert not subjects or not subjects <= ids, (task.id, call.name, call.arguments)
+            assert not subjects & ids, (task.id, call.name, call.arguments)
+            assert (call.name, output) not in counted, (task.id, call.name, call.arguments)
             if label is not None:
                 assert label.lower() not in json.dumps(output).lower(), (task.id, call)
             checked += 1
@@ -174,12 +177,18 @@ def _spec_calls(spec: dict[str, Any]) -> set[str]:
     return {c for s in spec.get("of", []) for c in _spec_calls(s)}
 
 
-def _subject_ids(spec: dict[str, Any], outputs: dict[str, Any]) -> set[str]:
+def _subject_ids(spec: dict[str, Any]) -> set[str]:
     if spec["op"] == "field":
         return {spec["id"]}
-    if spec["op"] == "count":
-        return {r["id"] for r in output_records(outputs[spec["call"]])}
-    return {i for s in spec["of"] for i in _subject_ids(s, outputs)}
+    return {i for s in spec.get("of", []) for i in _subject_ids(s)}
+
+
+def _counted(spec: dict[str, Any], task: EnvTask, outputs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(tool, output) of each non-empty list a count answer counts."""
+    if spec["op"] != "count" or not output_records(outputs[spec["call"]]):
+        return []
+    name = next(c.name for c in task.gold.calls if c.id == spec["call"])
+    return [(name, outputs[spec["call"]])]
 
 
 def test_unknown_ids_are_refused_as_invalid_arguments(built: Pack) -> None:
@@ -188,8 +197,8 @@ def test_unknown_ids_are_refused_as_invalid_arguments(built: Pack) -> None:
         for call in task.gold.calls:
             schema = built.tool(call.name).input_schema["properties"]
             for name, value in call.arguments.items():
-                if "pattern" not in schema[name]:
-                    continue
+                if not schema[name].get("pattern", "").endswith(r"-\d+$"):
+                    continue  # not an id
                 bad = {**call.arguments, name: value.split("-")[0] + "-999999"}
                 with pytest.raises(ToolError) as caught:
                     built.call(built.new_world(task), call.name, bad)
