@@ -64,7 +64,7 @@ from tools.envs.world import CallRecord, World
 from tools.verifiers.text import assistant_texts, extract_answer, final_text, normalize_answer
 from tools.verifiers.tool_use_match import Candidate, match_calls
 from tools.verifiers.tool_use_schema import compile_schema, schema_problem
-from tools.verifiers.tool_use_values import argument_difference, same_value
+from tools.verifiers.tool_use_values import argument_difference, arguments_agree, same_value, standardize
 
 __all__ = ["COMPONENTS", "DEFAULT_WEIGHTS", "score"]
 
@@ -106,6 +106,7 @@ PENALTY_PER_EXTRA = 0.1
 PENALTY_PER_FAILED = 0.1
 BASIS_ALIASES = {"db": "state", "action": "calls", "actions": "calls", "env_assertion": "state"}
 MODES = ("train", "eval")
+_ABSENT = object()
 _DETAIL_LIMIT = 20  # list entries kept in details (a runaway trajectory must not bloat them)
 
 
@@ -123,7 +124,10 @@ class _TaskView:
     exposed: frozenset[str] | None
     answer: str | None
     communicate: list[str]
+    # tool -> (argument, {standardised gold value: gold indices}): a cheap first filter, see _probes
+    probes: dict[str, tuple[str, dict[str, list[int]]]] = field(default_factory=dict)
     gold_world: World | None = None
+    gold_changed: frozenset[tuple[str, str]] | None = None
 
 
 @dataclass
@@ -167,8 +171,39 @@ def _task_view(view: _PackView, pack: Pack, task: EnvTask) -> _TaskView:
         answer=task.gold.answer,
         communicate=[normalize_answer(s) for s in task.gold.communicate],
     )
+    cached.probes = _probes(view, golds, by_name)
     view.tasks[task.id] = cached
     return cached
+
+
+def _probes(
+    view: _PackView, golds: Sequence[GoldCall], by_name: Mapping[str, list[int]]
+) -> dict[str, tuple[str, dict[str, list[int]]]]:
+    """Per tool, an argument every gold call of it compares as a string with no default.
+
+    A matching call must then carry that argument with the same standardised value, so
+    one dictionary lookup picks the gold calls worth comparing in full (the matching
+    otherwise compares every call with every gold call of the same tool).
+    """
+    out = {}
+    for name, indices in by_name.items():
+        properties = _properties(view.tools.get(name))
+        shared: set[str] | None = None
+        for g in indices:
+            gold = golds[g]
+            names = {
+                arg
+                for arg in (gold.arguments if gold.compare is None else gold.compare)
+                if type(gold.arguments.get(arg)) is str and "default" not in (properties.get(arg) or {})
+            }
+            shared = names if shared is None else shared & names
+        if shared:
+            arg = min(shared)
+            table: dict[str, list[int]] = {}
+            for g in indices:
+                table.setdefault(standardize(golds[g].arguments[arg]), []).append(g)
+            out[name] = (arg, table)
+    return out
 
 
 def _gold_world(pack: Pack, task_view: _TaskView) -> World:
@@ -302,14 +337,20 @@ def _candidates(view: _PackView, task_view: _TaskView, calls: Sequence[CallRecor
     for index, call in enumerate(calls):
         if call.error is not None:
             continue  # only calls that succeeded can solve a sub-goal
-        golds = task_view.by_name.get(call.name)
+        probe = task_view.probes.get(call.name)
+        if probe is None:
+            golds = task_view.by_name.get(call.name)
+        else:
+            value = call.arguments.get(probe[0])
+            golds = probe[1].get(standardize(value)) if type(value) is str else None
         if not golds:
             continue
         properties = _properties(view.tools.get(call.name))
         for g in golds:
             gold = task_view.golds[g]
-            if argument_difference(call.arguments, gold.arguments, gold.compare, properties) is None:
-                solved = gold.output is None or same_value(call.output, gold.output)
+            if arguments_agree(call.arguments, gold.arguments, gold.compare, properties):
+                expected = gold.output
+                solved = expected is None or call.output == expected or same_value(call.output, expected)
                 out[g].append(Candidate(index, solved))
     return out
 
@@ -338,31 +379,34 @@ def _why_unmatched(
 def _state_components(
     pack: Pack, task_view: _TaskView, world: World | None
 ) -> tuple[float, float, dict[str, Any]]:
+    """Exact match and ``World.matching_fraction`` against the gold world, from one pass.
+
+    World.differences and matching_fraction would each recompute both worlds' changed
+    records; the gold world's are computed once per task, the session's once here. The
+    comparison reads records by value, so it also works for a world built over another
+    copy of the same base (a reloaded pack), where World.differences refuses.
+    """
     if world is None:
         return 0.0, 0.0, {"error": "no world: the session is gone (expired or released)"}
     gold = _gold_world(pack, task_view)
-    try:
-        differences = world.differences(gold)
-        fraction = world.matching_fraction(gold)
-    except ValueError:  # a world over another copy of the base: compare what each changed
-        differences = _differences_by_value(world, gold)
-        changed = world.changed() | gold.changed()
-        fraction = 1.0 - len(differences) / len(changed) if changed else 1.0
+    if task_view.gold_changed is None:
+        task_view.gold_changed = frozenset(gold.changed())
+    changed = world.changed() | task_view.gold_changed
+    differences = []
+    for name, key in sorted(changed):
+        mine, theirs = world[name].peek(key, _ABSENT), gold[name].peek(key, _ABSENT)
+        if mine is _ABSENT or theirs is _ABSENT:
+            if mine is not theirs:
+                differences.append((name, key))
+        elif _record_state(world, mine) != _record_state(gold, theirs):
+            differences.append((name, key))
+    fraction = 1.0 - len(differences) / len(changed) if changed else 1.0
     exact = 0.0 if differences else 1.0
     return exact, fraction, {"differences": [list(d) for d in differences[:_DETAIL_LIMIT]]}
 
 
-def _differences_by_value(world: World, gold: World) -> list[tuple[str, str]]:
-    missing = object()
-    out = []
-    for name, key in sorted(world.changed() | gold.changed()):
-        mine, theirs = world[name].peek(key, missing), gold[name].peek(key, missing)
-        if mine is missing or theirs is missing:
-            if mine is not theirs:
-                out.append((name, key))
-        elif world._state(mine) != gold._state(theirs):
-            out.append((name, key))
-    return out
+def _record_state(world: World, record: Any) -> Any:
+    return world.record_state(record) if world.record_state is not None else record
 
 
 def _f1_step(

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
-__all__ = ["argument_difference", "same_value", "standardize"]
+__all__ = ["argument_difference", "arguments_agree", "same_value", "standardize"]
 
 _DROPPED = str.maketrans({c: None for c in " \t\n\r\f\v,./-_*^"} | {"'": '"'})
 _REL_TOL = 1e-6
@@ -39,6 +40,7 @@ _ABS_TOL = 1e-9
 _MISSING = object()
 
 
+@lru_cache(maxsize=65536)  # gold values and a GRPO group's arguments repeat
 def standardize(text: str) -> str:
     """BFCL's string form: no whitespace or ``,./-_*^``, case-folded, ``'`` read as ``"``."""
     return text.translate(_DROPPED).casefold()
@@ -56,6 +58,10 @@ def same_value(model: Any, gold: Any, schema: Mapping[str, Any] | None = None) -
     """
     if type(model) is str and type(gold) is str:
         return model == gold or standardize(model) == standardize(gold)
+    if model == gold and (type(model) is type(gold) or (_is_number(model) and _is_number(gold))):
+        return (
+            True  # equal in Python (containers compare in C; the schema check flags a nested bool/int mix-up)
+        )
     if _is_number(model) and _is_number(gold):
         return model == gold or math.isclose(model, gold, rel_tol=_REL_TOL, abs_tol=_ABS_TOL)
     if isinstance(gold, list | tuple) and isinstance(model, list | tuple):
@@ -89,16 +95,47 @@ def _same_unordered(model: list[Any], gold: list[Any], items: Mapping[str, Any] 
     return True
 
 
+def arguments_agree(
+    arguments: Mapping[str, Any],
+    gold_arguments: Mapping[str, Any],
+    compare: list[str] | None,
+    properties: Mapping[str, Any],
+) -> bool:
+    """Whether ``arguments`` match the gold call's (the matching's hot path: no message built).
+
+    ``properties`` is the tool's ``input_schema["properties"]`` (may be empty).
+    """
+    if compare is None and arguments == gold_arguments:
+        return True  # the common case of a right call (values equal in Python agree)
+    return _difference(arguments, gold_arguments, compare, properties) is None
+
+
 def argument_difference(
     arguments: Mapping[str, Any],
     gold_arguments: Mapping[str, Any],
     compare: list[str] | None,
     properties: Mapping[str, Any],
 ) -> str | None:
-    """Why ``arguments`` do not match the gold call's, or None when they do.
+    """Why ``arguments`` do not match the gold call's, in words, or None when they do."""
+    found = _difference(arguments, gold_arguments, compare, properties)
+    if found is None:
+        return None
+    name, problem = found
+    mine, gold = arguments.get(name, _MISSING), gold_arguments.get(name, _MISSING)
+    if problem == "missing":
+        return f"argument {name!r} missing (gold {gold!r})"
+    if problem == "unexpected":
+        return f"argument {name!r} ({mine!r}) is not in the gold call"
+    return f"argument {name!r} is {mine!r}, gold {gold!r}"
 
-    ``properties`` is the tool's ``input_schema["properties"]`` (may be empty).
-    """
+
+def _difference(
+    arguments: Mapping[str, Any],
+    gold_arguments: Mapping[str, Any],
+    compare: list[str] | None,
+    properties: Mapping[str, Any],
+) -> tuple[str, str] | None:
+    """The first argument that differs and how ("missing", "unexpected", "value"), or None."""
     names = gold_arguments.keys() if compare is None else compare
     for name in names:
         gold = gold_arguments.get(name, _MISSING)
@@ -106,17 +143,20 @@ def argument_difference(
         if mine is _MISSING and gold is _MISSING:
             continue
         if mine is _MISSING:  # leaving out an argument whose gold value is the default is fine
-            default = (properties.get(name) or {}).get("default", _MISSING)
-            if default is _MISSING or not same_value(gold, default, properties.get(name)):
-                return f"argument {name!r} missing (gold {gold!r})"
-            continue
-        if gold is _MISSING:
-            return f"argument {name!r} given ({mine!r}) but the gold call has none"
-        if not same_value(mine, gold, properties.get(name)):
-            return f"argument {name!r} is {mine!r}, gold {gold!r}"
+            if not _is_default(gold, name, properties):
+                return name, "missing"
+        elif gold is _MISSING:
+            return name, "unexpected"
+        elif not same_value(mine, gold, properties.get(name)):
+            return name, "value"
     if compare is None and not arguments.keys() <= gold_arguments.keys():
         for name in arguments.keys() - gold_arguments.keys():
-            default = (properties.get(name) or {}).get("default", _MISSING)
-            if default is _MISSING or not same_value(arguments[name], default, properties.get(name)):
-                return f"argument {name!r} ({arguments[name]!r}) is not in the gold call"
+            if not _is_default(arguments[name], name, properties):
+                return name, "unexpected"
     return None
+
+
+def _is_default(value: Any, name: str, properties: Mapping[str, Any]) -> bool:
+    schema = properties.get(name) or {}
+    default = schema.get("default", _MISSING)
+    return default is not _MISSING and same_value(value, default, schema)
