@@ -208,6 +208,69 @@ def test_unknown_ids_are_refused_as_invalid_arguments(built: Pack) -> None:
     assert refused > 0
 
 
+def test_parallel_calls_commute(built: Pack) -> None:
+    """Calls at one depth run in reverse order end in the replay's state, without errors."""
+    for task in built.tasks:
+        depths = call_depths(task.gold.calls)
+        order = sorted(reversed(task.gold.calls), key=lambda c: depths[c.id])  # stable: reversed per depth
+        world = built.new_world(task)
+        for call in order:
+            built.call(world, call.name, call.arguments)
+        assert world.digest() == built.replay(task).digest(), task.id
+
+
+def _refusals(world: str, state: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """Requests each world must refuse (a rule of its policy), built from its initial state."""
+    first = {name: next(iter(rows.values())) for name, rows in state.items()}
+    if world == "shop":
+        some, other = [p for p in state["products"].values() if p["stock"] > 0][:2]
+        shipped = next(o for o in state["orders"].values() if o["status"] != "placed")
+        # the first line could be served: an order is refused whole, no stock moves
+        items = [
+            {"product_id": some["id"], "quantity": 1},
+            {"product_id": other["id"], "quantity": other["stock"] + 1},
+        ]
+        return [
+            ("place_order", {"customer_id": first["customers"]["id"], "items": items}),
+            ("cancel_order", {"order_id": shipped["id"]}),
+        ]
+    if world == "library":
+        suspended = next(m for m in state["members"].values() if m["status"] == "suspended")
+        late = next(v for v in state["loans"].values() if not v["returned"] and v["due"] < "2026-11-20")
+        return [
+            ("checkout_book", {"member_id": suspended["id"], "book_id": first["books"]["id"]}),
+            ("renew_loan", {"loan_id": late["id"]}),
+            ("return_book", {"loan_id": next(v["id"] for v in state["loans"].values() if v["returned"])}),
+        ]
+    if world == "bank":
+        frozen = next(a for a in state["accounts"].values() if a["status"] == "frozen")
+        rich = next(a for a in state["accounts"].values() if a["status"] == "open")
+        return [
+            ("withdraw", {"account_id": rich["id"], "amount": rich["balance"] + 1}),
+            ("transfer", {"from_account_id": rich["id"], "to_account_id": frozen["id"], "amount": 1.0}),
+            ("freeze_account", {"account_id": frozen["id"]}),
+        ]
+    event = first["events"]
+    clash = {k: event[k] for k in ("title", "date", "start", "end", "room_id")}
+    return [
+        ("create_event", clash),
+        ("add_attendee", {"event_id": event["id"], "person_id": event["attendees"][0]}),
+        ("create_event", {**clash, "date": "2026-12-01", "start": "10:00", "end": "09:00"}),
+    ]
+
+
+def test_refusals_are_tool_errors_and_change_nothing(built: Pack) -> None:
+    cases = _refusals(built.info.domain, built.initial_state)
+    validators = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in built.tools}
+    for name, arguments in cases:
+        validators[name].validate(arguments)  # well-formed: the world, not the schema, says no
+        world = built.new_world()
+        with pytest.raises(ToolError) as caught:
+            built.call(world, name, arguments)
+        assert caught.value.kind is ErrorKind.TOOL_ERROR, (name, arguments)
+        assert world.calls[-1].error and not world.changed(), (name, arguments)
+
+
 def test_the_same_arguments_give_the_same_pack_and_other_seeds_differ() -> None:
     for world in WORLDS:
         a, b, c = pack(world, 3, 24), pack(world, 3, 24), pack(world, 4, 24)
