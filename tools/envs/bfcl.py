@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable
 from importlib.metadata import version
@@ -139,6 +140,9 @@ def _method_call(class_name: str, method_name: str) -> Callable[..., Any]:
             inspect.signature(method).bind(**arguments)
         except TypeError as exc:
             raise ToolError(f"{method_name}: {exc}", ErrorKind.INVALID_ARGUMENTS) from None
+        # a copy: methods keep what they are given (post_tweet stores its mentions list, and
+        # mention later extends it), which must not be the caller's (a gold call's) list
+        arguments = copy.deepcopy(arguments)
         try:
             result = method(**arguments)
         except Exception as exc:  # BFCL reports these as "Error during execution"
