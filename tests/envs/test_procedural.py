@@ -14,11 +14,12 @@ from typing import Any
 import jsonschema
 import pytest
 
-from protocol import ErrorKind, ToolError
+from protocol import ErrorKind, ToolError, VerifyRequest
 from tools.envs.pack import Complexity, EnvTask, Pack, call_depths, dump_pack, load_pack
 from tools.envs.procedural import WORLDS, derive_answer, pack, tools_module
 from tools.envs.procedural.compose import output_records
 from tools.envs.procedural.kit import MAX_RESULTS
+from tools.verifiers.tool_use import score
 
 TASKS = 60
 
@@ -66,6 +67,7 @@ def test_answers_derive_from_the_replayed_outputs(built: Pack) -> None:
     answered = 0
     for task in built.tasks:
         _, outputs = replay_outputs(built, task)
+        json.dumps(outputs, allow_nan=False)  # outputs are plain JSON
         leaves = scalars(list(outputs.values()))
         for fact in task.gold.communicate:
             assert any(same(fact, leaf) for leaf in leaves), (task.id, fact)
@@ -269,6 +271,35 @@ def test_refusals_are_tool_errors_and_change_nothing(built: Pack) -> None:
             built.call(world, name, arguments)
         assert caught.value.kind is ErrorKind.TOOL_ERROR, (name, arguments)
         assert world.calls[-1].error and not world.changed(), (name, arguments)
+
+
+def _gold_trajectory(p: Pack, task: EnvTask, answer: str | None) -> tuple[Any, VerifyRequest]:
+    """The session and chat of an agent that makes the gold calls, one turn per depth, then answers."""
+    world, outputs = replay_outputs(p, task)
+    depths = call_depths(task.gold.calls)
+    messages: list[dict[str, Any]] = [*task.prompt]
+    for depth in sorted(set(depths.values())):
+        messages.append({"role": "assistant", "content": "<tool_call>...</tool_call>"})
+        for call in task.gold.calls:
+            if depths[call.id] == depth:
+                messages.append({"role": "tool", "name": call.name, "content": json.dumps(outputs[call.id])})
+    final = "Done. " + " ".join(task.gold.communicate)
+    if answer is not None:
+        final += f" <answer>{answer}</answer>"
+    messages.append({"role": "assistant", "content": final})
+    ground_truth = {"pack": p.id, "task": task.id}
+    return world, VerifyRequest("tool_use", ground_truth, messages=messages, response_start=len(task.prompt))
+
+
+def test_the_tool_use_reward_gives_gold_trajectories_full_marks(built: Pack) -> None:
+    for task in built.tasks:
+        world, request = _gold_trajectory(built, task, task.gold.answer)
+        for mode in ("train", "eval"):
+            result = score(built, task, world, request, mode=mode)
+            assert result.score == 1.0, (task.id, mode, result.components)
+        if task.gold.answer is not None:  # and a wrong answer fails the task
+            world, request = _gold_trajectory(built, task, "no idea")
+            assert score(built, task, world, request, mode="eval").score == 0.0, task.id
 
 
 def test_the_same_arguments_give_the_same_pack_and_other_seeds_differ() -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall
+from tools.envs.pack import SCALING_OPERATIONS, Complexity, EnvTask, Gold, GoldCall
 
 __all__ = ["Context", "Options", "Step", "compose_task", "derive_answer", "gold", "output_records"]
 
@@ -199,7 +199,7 @@ def compose_task(
             scaling.add("toolset_extension")
     writes = any(s.writes for s in steps)
     complexity = Complexity.from_calls(
-        calls, distractors=len(distractors), scaling=sorted(scaling, key=_SCALING_ORDER.index)
+        calls, distractors=len(distractors), scaling=sorted(scaling, key=SCALING_OPERATIONS.index)
     )
     if complexity.level != level:  # a step function broke its kind's shape
         raise RuntimeError(
@@ -217,14 +217,6 @@ def compose_task(
         reward_basis=["calls"] + (["state"] if writes else []) + (["answer"] if answer is not None else []),
         metadata={"world": world.NAME, "steps": [s.name for s in steps], "writes": writes, "derive": derive},
     )
-
-
-_SCALING_ORDER = [
-    "functional_generalisation",
-    "parameter_expansion",
-    "parameter_type_generalisation",
-    "toolset_extension",
-]
 
 
 # --------------------------------------------------------------------------- answers from outputs
