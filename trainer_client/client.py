@@ -49,7 +49,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -227,17 +227,22 @@ class ToolClient:
         response = await self._request("GET", "/v1/tools", params=params)
         return list(orjson.loads(response.content).get("tools", []))
 
-    async def create_session(self) -> str:
+    async def create_session(
+        self, session: str | None = None, *, environment: Mapping[str, str] | None = None
+    ) -> str:
         """Open a session explicitly and pin it to its replica.
 
-        Optional: a session is also created on first use of any new id. The id is
-        chosen here so that it hashes to the same replica in every client process.
+        Optional: a session is also created on first use of any new id. The id (chosen
+        here unless given) hashes to the same replica in every client process.
+        ``environment`` = ``{"pack", "task"}`` binds the session to an environment task:
+        its world starts from that task's state (before its first call).
         """
-        session = new_session_id()
+        session = session or new_session_id()
         replica = self._router.hash_replica(session)
-        response = await self._request(
-            "POST", "/v1/sessions", replica=replica, content=encode({"session": session})
-        )
+        body: dict[str, Any] = {"session": session}
+        if environment is not None:
+            body["environment"] = dict(environment)
+        response = await self._request("POST", "/v1/sessions", replica=replica, content=encode(body))
         session = str(orjson.loads(response.content).get("session") or session)
         self._router.pin(session, replica)
         return session

@@ -309,6 +309,8 @@ class RolloutCore:
         observations: list[dict[str, Any]] = []
         if calls:
             started = time.perf_counter()
+            if not s.bound:
+                await self._bind(s)
             results = await self.invoker.call_tools(calls)
             s.metrics["tool_s"] += time.perf_counter() - started
             if len(results) != len(calls):
@@ -328,11 +330,25 @@ class RolloutCore:
                     "content": f"Error: not run ({names}): at most {limit} tool calls per turn are allowed",
                 }
             )
-        if errors:
-            observations.append(
-                {"role": "tool", "content": "\n".join(f"Error: {message}" for message in errors)}
-            )
+        if errors:  # marked, so that a reward can count the calls that did not parse
+            text = "\n".join(f"Error: {message}" for message in errors)
+            observations.append({"role": "tool", "content": text, "error": "parse"})
         return observations
+
+    async def _bind(self, s: _State) -> None:
+        """Bind the session to the task's environment task (if any) before its first call,
+        so that its world starts from the task's state."""
+        s.bound = True
+        environment = task_environment(s.task)
+        if environment is None:
+            return
+        bind = getattr(self.invoker, "create_session", None)
+        if bind is None:
+            raise RuntimeError(
+                f"the task plays {environment} but the tool invoker cannot bind a session "
+                "(it needs create_session(session, environment=...), as ToolClient has)"
+            )
+        await bind(s.session_id, environment=environment)
 
     def _render(
         self, observations: list[dict[str, Any]], turn_ids: list[int], tools: Any, s: _State
@@ -401,6 +417,19 @@ class RolloutCore:
             s.metrics["release_error"] = f"{type(exc).__name__}: {exc}"
 
 
+def task_environment(task: Task) -> dict[str, str] | None:
+    """The environment task a rollout plays, ``{"pack", "task"}``: from the task's metadata
+    (a dataset row's ``extra_info``), else from a ground truth of that shape."""
+    for source in (task.metadata, task.ground_truth):
+        if (
+            isinstance(source, dict)
+            and isinstance(source.get("pack"), str)
+            and isinstance(source.get("task"), str)
+        ):
+            return {"pack": source["pack"], "task": source["task"]}
+    return None
+
+
 def _parse_function(parser: ToolCallParser) -> Callable[[str, Any], ParseOutcome]:
     """``parser.parse`` with the task's tool schemas where it takes them (custom parsers
     may implement ``parse(text)`` only)."""
@@ -461,6 +490,7 @@ class _State:
     __slots__ = (
         "task",
         "session_id",
+        "bound",
         "prompt_ids",
         "response_ids",
         "response_mask",
@@ -479,6 +509,7 @@ class _State:
     def __init__(self, task: Task, session_id: str) -> None:
         self.task = task
         self.session_id = session_id
+        self.bound = False  # the session was bound to its environment task (if it has one)
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []

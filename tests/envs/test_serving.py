@@ -331,3 +331,67 @@ def test_the_tool_use_verifier_refuses_what_it_cannot_score(server: ServerProces
     assert not call(server, "get_order", {"order_id": "o1"}, unbound).is_error
     patched = verify(server, {"ground_truth": {"pack": "shop", "task": "cancel_patched"}, "session": unbound})
     assert patched.is_error and patched.error is not None and "bind the session" in patched.error.message
+
+
+def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world(
+    server: ServerProcess,
+) -> None:
+    """The trainer's side: a dataset row of a pack task, rolled out by the rollout core with a
+    scripted model through the batched client, plays the task's patched world and is scored there."""
+    from tools.data.environments import build_rows
+    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+    from trainer_client.client import ToolClient
+    from trainer_client.dataset import TaskRow
+    from trainer_client.models import load_tokenizer
+    from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason
+
+    tokenizer = load_tokenizer("smollm2")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    rows = build_rows(env_pack.pack(), test_fraction=0.0)["train"]
+    task = TaskRow.from_row(next(r for r in rows if r["extra_info"]["task"] == "cancel_patched")).task()
+    turns = [
+        '<tool_call>{"name": "get_order", "arguments": {"order_id": "o9"}}</tool_call>',
+        '<tool_call>{"name": "cancel_order", "arguments": {"order_id": </tool_call>',
+        '<tool_call>{"name": "cancel_order", "arguments": {"order_id": "o9"}}</tool_call>',
+        "<answer>Order o9 is cancelled.</answer>",
+    ]
+    script = [ScriptedTurn(tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in turns]
+    generator = ScriptedGenerator(lambda prompt_ids: script, tokenizer=tokenizer, eos_token_ids=[eos])
+
+    async def roll_out() -> Any:
+        async with ToolClient(server.url, token=TOKEN_A) as client:
+            config = RolloutConfig(max_turns=5, verifier_arguments={"mode": "eval"})
+            return await RolloutCore(tokenizer, generator, client, config, verifier=client).run(task)
+
+    trajectory = anyio.run(roll_out)
+    assert trajectory.error is None and trajectory.stop_reason == StopReason.ANSWER
+    tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
+    assert '"total":99' in tool_messages[0]["content"]  # the task's patched world
+    assert tool_messages[1]["error"] == "parse"  # turn two's call is not JSON
+    assert '"status":"cancelled"' in tool_messages[2]["content"]
+    assert trajectory.reward_score == 1.0  # eval: calls, state and answer all right
+    assert trajectory.reward_components["format"] < 1.0  # one attempt did not parse
+    late = call(server, "get_order", {"order_id": "o9"}, trajectory.session_id)
+    assert late.error is not None and late.error.kind.value == "unknown_session"  # released
+
+
+def test_a_rollout_of_an_unknown_task_ends_with_the_servers_error(server: ServerProcess) -> None:
+    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+    from trainer_client.client import ToolClient
+    from trainer_client.models import load_tokenizer
+    from trainer_client.rollout import RolloutCore, StopReason, Task
+
+    tokenizer = load_tokenizer("smollm2")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "o1"}}</tool_call>'
+    script = [ScriptedTurn(tokenizer.encode(text, add_special_tokens=False) + [eos])] * 2
+    generator = ScriptedGenerator(lambda prompt_ids: script, tokenizer=tokenizer, eos_token_ids=[eos])
+    task = Task([{"role": "user", "content": "hi"}], ground_truth={"pack": "shop", "task": "gone"})
+
+    async def roll_out() -> Any:
+        async with ToolClient(server.url, token=TOKEN_A) as client:
+            return await RolloutCore(tokenizer, generator, client).run(task)
+
+    trajectory = anyio.run(roll_out)
+    assert trajectory.stop_reason == StopReason.ERROR
+    assert trajectory.error is not None and "has no task 'gone'" in trajectory.error
