@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import subprocess
+import sys
 from typing import Any
 
 import jsonschema
 import pytest
 
 from protocol import ErrorKind, ToolError, VerifyRequest
-from tools.envs.pack import Complexity, EnvTask, Pack, call_depths, dump_pack, load_pack
+from tools.envs.pack import Complexity, EnvTask, Pack, PackInfo, call_depths, dump_pack, load_pack
 from tools.envs.procedural import WORLDS, derive_answer, pack, tools_module
 from tools.envs.procedural.compose import output_records
+from tools.envs.procedural.examples import worked_examples
 from tools.envs.procedural.kit import MAX_RESULTS
 from tools.verifiers.tool_use import score
 
@@ -385,3 +389,39 @@ def test_policies_say_who_the_agent_is_and_the_global_rng_is_untouched() -> None
         p = pack(world, 0, 4)
         assert p.policy.startswith("You are") and len(p.tasks) == 4
     assert random.getstate() == before  # the generator never draws from the global rng
+
+
+def test_packs_are_the_same_in_other_processes() -> None:
+    """No hash order or global state leaks in: two interpreters with other hash seeds agree."""
+    code = (
+        "import hashlib, json; from tools.envs.procedural import WORLDS, pack; "
+        "print(hashlib.sha256(json.dumps([[t.to_dict() for t in p.tasks] + [p.initial_state] "
+        "for p in (pack(w, 5, 40) for w in WORLDS)], sort_keys=True).encode()).hexdigest())"
+    )
+    digests = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        run = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        digests.add(run.stdout.strip())
+    assert len(digests) == 1
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_worked_examples_are_solved_chats_beside_the_tasks(world: str) -> None:
+    p = pack(world, 0, 100, levels=[1, 2])
+    chats = worked_examples(p, count=4)
+    assert len(chats) == 4 and chats == worked_examples(p, count=4)
+    prompts = {t.prompt[0]["content"] for t in p.tasks}
+    assert len({c[0]["content"] for c in chats}) == 4
+    for chat in chats:
+        assert chat[0]["role"] == "user" and chat[0]["content"] not in prompts
+        assert chat[-1]["role"] == "assistant" and chat[-1]["content"]
+        called = [tc["function"] for m in chat if m["role"] == "assistant" for tc in m.get("tool_calls", [])]
+        results = [m for m in chat if m["role"] == "tool"]
+        assert 1 <= len(called) <= 2 and [c["name"] for c in called] == [m["name"] for m in results]
+        for result in results:
+            assert not isinstance(json.loads(result["content"]), str)  # a tool output, not an error text
+    with pytest.raises(ValueError, match="not procedural"):
+        worked_examples(Pack(PackInfo("hand-made"), p.tools, p.initial_state))

@@ -8,7 +8,8 @@ tools_module("shop"))`` writes a directory pack that ``load_pack`` reads back).
 
 Tasks are spread evenly over ``levels`` (1 single call, 2 parallel calls, 3 a chain of
 dependent calls, 4 parallel chains with distractor tools); see ``compose`` for how they
-are built and ``Options`` for the scaling knobs.
+are built and ``Options`` for the scaling knobs. ``examples.worked_examples(pack)`` gives
+solved chats beside a pack's tasks, for few-shot prompts.
 """
 
 from __future__ import annotations
