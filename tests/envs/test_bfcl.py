@@ -57,11 +57,6 @@ def bfcl_entries() -> dict[str, dict[str, Entry]]:
 # --------------------------------------------------------------------------- BFCL's side
 
 
-def source(call: GoldCall) -> str:
-    """A call as BFCL writes it (``name(arg=value, ...)``), for BFCL's executor."""
-    return f"{call.name}({', '.join(f'{k}={v!r}' for k, v in call.arguments.items())})"
-
-
 @dataclass
 class BfclRun:
     results: list[str]  # one string per call, as BFCL renders them
@@ -119,10 +114,21 @@ def bfcl_value(result: str) -> Any:
     return result
 
 
-def turns_of(task: EnvTask, calls: Sequence[GoldCall]) -> list[list[str]]:
-    """``calls`` (a subset of the gold) grouped into the task's turns, as BFCL strings."""
-    keep = {c.id: c for c in calls}
-    return [[source(keep[i]) for i in ids if i in keep] for ids in task.metadata["turn_calls"]]
+def turns_of(task: EnvTask, entry: Entry, calls: Sequence[GoldCall]) -> list[list[str]]:
+    """``calls`` (a subset of the gold) in the task's turns, as BFCL's own ground-truth strings.
+
+    BFCL gets its original strings (not ours re-rendered), so a wrong reading of them
+    (a positional argument given the wrong name) shows up as a disagreement.
+    """
+    original = dict(
+        zip(
+            (i for ids in task.metadata["turn_calls"] for i in ids),
+            (s for turn in entry.ground_truth for s in turn),
+            strict=True,
+        )
+    )
+    keep = {c.id for c in calls}
+    return [[original[i] for i in ids if i in keep] for ids in task.metadata["turn_calls"]]
 
 
 def gold_calls(task: EnvTask, ids: Sequence[str]) -> list[GoldCall]:
@@ -235,7 +241,7 @@ def test_gold_replay_matches_bfcls_own_execution(
     for task in pack.tasks:
         entry = bfcl_entries[category][task.id]
         ours = pack.replay(task)
-        theirs = run_bfcl(entry, category, turns_of(task, task.gold.calls))
+        theirs = run_bfcl(entry, category, turns_of(task, entry, task.gold.calls))
         for record, result in zip(ours.calls, theirs.results, strict=True):
             calls += 1
             error_mismatch += (record.error is not None) != bfcl_failed(result)
@@ -271,7 +277,7 @@ def test_broken_trajectories_fail_the_same_way_in_both(
         by_id = {c.id: c for c in task.gold.calls}
         reversed_calls = [by_id[i] for ids in reversed(task.metadata["turn_calls"]) for i in ids]
         ours = run_ours(pack, task, reversed_calls)
-        theirs = run_bfcl(entry, category, [[source(c) for c in reversed_calls]])
+        theirs = run_bfcl(entry, category, [[s for turn in reversed(entry.ground_truth) for s in turn]])
         for record, result in zip(ours.calls, theirs.results, strict=True):
             failures += record.error is not None
             error_mismatch += (record.error is not None) != bfcl_failed(result)
@@ -292,11 +298,11 @@ def test_a_missing_write_is_caught_by_both_state_checks(
     for task in pack.tasks[::4]:
         entry = bfcl_entries[category][task.id]
         gold_world = pack.replay(task)
-        gold_run = run_bfcl(entry, category, turns_of(task, task.gold.calls))
+        gold_run = run_bfcl(entry, category, turns_of(task, entry, task.gold.calls))
         for dropped in (c for c in task.gold.calls if c.name in writes):
             kept = [c for c in task.gold.calls if c is not dropped]
             ours = run_ours(pack, task, kept)
-            theirs = run_bfcl(entry, category, turns_of(task, kept))
+            theirs = run_bfcl(entry, category, turns_of(task, entry, kept))
             we_differ = bool(ours.differences(gold_world))
             they_differ = not state_checker(theirs.instances, gold_run.instances)["valid"]
             drops += 1
@@ -311,8 +317,8 @@ def test_bfcls_full_checker_fails_what_our_state_check_fails(
 ) -> None:
     """BFCL's multi_turn_checker (state and results after every turn) on the same dropped writes.
 
-    It checks each turn, so it also fails drops whose effect a later turn undoes; every
-    drop our final-state comparison catches it must fail too.
+    It checks after each turn, so it also fails drops whose effect a later turn undoes;
+    every drop that our final-state comparison catches must fail it too.
     """
     category = "multi_turn_base"
     pack = packs[category]
@@ -321,14 +327,14 @@ def test_bfcls_full_checker_fails_what_our_state_check_fails(
     for task in pack.tasks[::4]:
         entry = bfcl_entries[category][task.id]
         gold_world = pack.replay(task)
-        gold_turns = turns_of(task, task.gold.calls)
+        gold_turns = turns_of(task, entry, task.gold.calls)
         assert multi_turn_checker(
             [[turn] for turn in gold_turns], gold_turns, entry_dict(entry), category, new_model_name()
         )["valid"]
         for dropped in (c for c in task.gold.calls if c.name in writes):
             kept = [c for c in task.gold.calls if c is not dropped]
             we_fail = bool(run_ours(pack, task, kept).differences(gold_world))
-            model = [[turn] for turn in turns_of(task, kept)]
+            model = [[turn] for turn in turns_of(task, entry, kept)]
             verdict = multi_turn_checker(model, gold_turns, entry_dict(entry), category, new_model_name())
             they_fail = not verdict["valid"]
             both += we_fail and they_fail

@@ -130,12 +130,16 @@ def parse_call(source: str, parameters: Mapping[str, Sequence[str]]) -> tuple[st
         raise ValueError(
             f"ground-truth call {source!r} has more positional arguments than {name} has parameters"
         )
-    try:
-        arguments = {order[i]: ast.literal_eval(arg) for i, arg in enumerate(node.args)}
-        for keyword in node.keywords:
-            if keyword.arg is None or keyword.arg in arguments:
-                raise ValueError(f"ground-truth call {source!r}: **kwargs or a repeated argument")
-            arguments[keyword.arg] = ast.literal_eval(keyword.value)
-    except (ValueError, SyntaxError) as exc:
-        raise ValueError(f"ground-truth call {source!r}: arguments must be literals ({exc})") from None
+    arguments = {order[i]: _literal(arg, source) for i, arg in enumerate(node.args)}
+    for keyword in node.keywords:
+        if keyword.arg is None or keyword.arg in arguments:
+            raise ValueError(f"ground-truth call {source!r}: **kwargs or an argument given twice")
+        arguments[keyword.arg] = _literal(keyword.value, source)
     return name, arguments
+
+
+def _literal(node: ast.expr, source: str) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        raise ValueError(f"ground-truth call {source!r}: arguments must be literals") from None
