@@ -160,7 +160,7 @@ def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> l
 
 def publish(out: Path, name: str) -> None:
     """Copy the plot and a JSON of the figures to examples/results/ (committed with the README)."""
-    from trainer_client.grpo import summarize_run
+    from trainer_client.summary import summarize_run
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = summarize_run(out / "metrics.jsonl")

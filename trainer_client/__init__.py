@@ -21,7 +21,8 @@ if TYPE_CHECKING:
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
     from trainer_client.client import ToolClient, ToolServerError
     from trainer_client.client_policies import BatchPolicy, HealthPolicy, RetryPolicy
-    from trainer_client.grpo import GRPOConfig, GRPOTrainer
+    from trainer_client.grpo import GRPOTrainer
+    from trainer_client.grpo_config import GRPOConfig
     from trainer_client.mcp_client import McpToolClient
     from trainer_client.models import load_model, load_tokenizer
     from trainer_client.parsers import (
@@ -109,7 +110,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "trainer_client.backends.scripted": ("ScriptedGenerator", "ScriptedTurn"),
     "trainer_client.backends.hf": ("HFGenerator",),  # torch
     "trainer_client.models": ("load_model", "load_tokenizer"),
-    "trainer_client.grpo": ("GRPOConfig", "GRPOTrainer"),  # torch
+    "trainer_client.grpo_config": ("GRPOConfig",),
+    "trainer_client.grpo": ("GRPOTrainer",),  # torch
 }
 _WHERE = {name: module for module, names in _MODULES.items() for name in names}
 

@@ -20,20 +20,21 @@ from tests.support.require import require
 require("verl")
 
 from tests.support.server import REPO, running_server, server_config  # noqa: E402
+from trainer_client.backends.hf_prefix import (  # noqa: E402
+    SharedPrefixGenerator,
+    common_prefix_length,
+    use_gqa_decode_attention,
+)
 from trainer_client.grpo import (  # noqa: E402
     GRPOConfig,
     GRPOTrainer,
     RolloutBatch,
-    SharedPrefixGenerator,
     actor_loss_config,
-    common_prefix_length,
     grpo_advantages,
     policy_loss_terms,
-    response_logprobs,
-    shared_prefix,
     task_from_row,
-    use_gqa_decode_attention,
 )
+from trainer_client.logprobs import prompt_prefix, response_logprobs, shared_prefix  # noqa: E402
 from trainer_client.rollout import StopReason, Trajectory  # noqa: E402
 
 
@@ -63,13 +64,18 @@ def test_common_prefix_length() -> None:
     assert common_prefix_length([]) == 0
 
 
-def test_shared_prefix_logprobs_equal_separate_forward_passes(smol: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("sharing", [False, True], ids=["plain", "shared-prefix"])
+def test_logprobs_equal_separate_forward_passes(smol: tuple[Any, Any], sharing: bool) -> None:
+    """Both computations behind ``response_logprobs`` (every row in full, or after a
+    shared prefix computed once) give each row's own forward-pass log-probs."""
     tokenizer, model = smol
     prompts = prompts_sharing_a_prefix(tokenizer)
-    assert common_prefix_length(prompts) >= 32
+    ids = prompt_prefix(prompts)
+    assert ids is not None and len(ids) == common_prefix_length(prompts)
+    prefix = shared_prefix(model, ids) if sharing else None
     responses = [[28, 1, 44, 55, 2], [90, 91], [5, 6, 7, 8, 9, 10, 11]]
     log_prob, entropy = response_logprobs(
-        model, prompts, responses, pad_token_id=2, with_entropy=True, temperature=0.7
+        model, prompts, responses, pad_token_id=2, with_entropy=True, temperature=0.7, prefix=prefix
     )
     assert log_prob.shape == entropy.shape == (3, 7)
     with torch.no_grad():
@@ -80,10 +86,20 @@ def test_shared_prefix_logprobs_equal_separate_forward_passes(smol: tuple[Any, A
             assert torch.all(log_prob[i, len(r) :] == 0) and torch.all(entropy[i, len(r) :] == 0)
 
 
+def test_a_prefix_the_prompts_do_not_share_is_refused(smol: tuple[Any, Any]) -> None:
+    tokenizer, model = smol
+    prompts = prompts_sharing_a_prefix(tokenizer)
+    prefix = shared_prefix(model, prompts[0][:-1])  # longer than what the others share
+    with pytest.raises(ValueError, match="shared prefix"):
+        response_logprobs(model, prompts, [[1], [2], [3]], pad_token_id=2, prefix=prefix)
+    assert prompt_prefix([[1, 2, 3], [1, 2, 4]]) is None, "2 shared tokens are not worth a prefix"
+
+
 def test_gradients_flow_through_the_shared_prefix(smol: tuple[Any, Any]) -> None:
     tokenizer, model = smol
     prompts = prompts_sharing_a_prefix(tokenizer)[:2]
-    log_prob, _ = response_logprobs(model, prompts, [[28, 1], [90]], pad_token_id=2)
+    prefix = shared_prefix(model, prompt_prefix(prompts))
+    log_prob, _ = response_logprobs(model, prompts, [[28, 1], [90]], pad_token_id=2, prefix=prefix)
     log_prob.sum().backward()
     embed = model.get_input_embeddings().weight.grad
     first_prompt_token = prompts[0][0]
@@ -197,17 +213,18 @@ def test_grpo_advantage_and_loss_ignore_observation_tokens() -> None:
     assert metrics["kl_loss"] > 0 and "pg_clipfrac" in metrics
 
 
-class _NoPrefixCache:
-    def clear_prefix_cache(self) -> None:
-        pass
+def tiny_dataset(tmp_path: Path) -> Path:
+    from tools.data import arithmetic, write_parquet
+
+    return write_parquet(
+        arithmetic.build_rows(n_train=2, n_test=0, seed=0)["train"], tmp_path / "train.parquet"
+    )
 
 
-def test_one_update_makes_the_rewarded_response_more_likely(smol: tuple[Any, Any]) -> None:
+def test_one_update_makes_the_rewarded_response_more_likely(smol: tuple[Any, Any], tmp_path: Path) -> None:
     """The trainer's real update step on a fixed group of two answers to one prompt, one
     rewarded: the policy must prefer the rewarded answer more than before. A sign error in
     the advantages or the loss, or an update that never reaches the weights, fails this."""
-    import copy
-
     tokenizer, model = smol
     prompt = list(
         tokenizer.apply_chat_template(
@@ -221,12 +238,10 @@ def test_one_update_makes_the_rewarded_response_more_likely(smol: tuple[Any, Any
     ]
     batch = RolloutBatch.build(rows, [0, 0])
 
-    trainer = GRPOTrainer(GRPOConfig(train_data="unused", lr=1e-5))
-    trainer.model = copy.deepcopy(model)  # the module's model stays as loaded for the other tests
-    trainer.ref_model = None
-    trainer.pad_token_id = 2
-    trainer.generator = _NoPrefixCache()
-    trainer.optimizer = torch.optim.AdamW(trainer.model.parameters(), lr=1e-5)
+    # The trainer as constructed, nothing patched in: its own model, optimizer and generator.
+    trainer = GRPOTrainer(
+        GRPOConfig(train_data=str(tiny_dataset(tmp_path)), lr=1e-5, out_dir=str(tmp_path / "run"))
+    )
 
     def margin() -> float:
         with torch.no_grad():
@@ -234,9 +249,10 @@ def test_one_update_makes_the_rewarded_response_more_likely(smol: tuple[Any, Any
         return float(log_prob[0].sum() - log_prob[1].sum())
 
     before = margin()
-    metrics = trainer._update(batch, grpo_advantages(batch))
+    metrics = trainer.update(batch, grpo_advantages(batch))
     assert metrics["trained_rows"] == 2 and metrics["grad_norm"] > 0
     assert margin() > before + 0.1, "the update did not move the policy towards the rewarded answer"
+    asyncio.run(trainer.close())
 
 
 def test_config_errors_say_what_is_wrong() -> None:

@@ -168,8 +168,8 @@ def qwen_style_model_dir(smol_tokenizer: Any, path: Path) -> Path:
     return path
 
 
-def test_the_trainer_shows_each_task_its_schemas(qwen_style_tokenizer: Any) -> None:
-    from tools.data import arithmetic
+def test_the_trainer_shows_each_task_its_schemas(qwen_style_tokenizer: Any, tmp_path: Path) -> None:
+    from tools.data import arithmetic, write_parquet
     from trainer_client.grpo import GRPOConfig, GRPOTrainer, task_from_row
 
     class Invoker(InProcessInvoker):
@@ -184,12 +184,15 @@ def test_the_trainer_shows_each_task_its_schemas(qwen_style_tokenizer: Any) -> N
     inline = task_from_row(arithmetic.build_rows(n_train=0, n_test=1, seed=0)["test"][0])
     own = task_from_row({"prompt": PLAIN_PROMPT, "extra_info": {"tools": [own_tool]}})
     invoker = Invoker({})
-    trainer = GRPOTrainer(GRPOConfig(train_data="unused", toolset="math"), invoker=invoker)
+    data = write_parquet(arithmetic.build_rows(n_train=1, n_test=0, seed=0)["train"], tmp_path / "t.parquet")
+    config = GRPOConfig(train_data=str(data), toolset="math", out_dir=str(tmp_path / "run"))
+    trainer = GRPOTrainer(config, invoker=invoker)
     trainer.train_tasks, trainer.eval_tasks = [plain, inline], [own]
     trainer.train_core = RolloutCore(
-        qwen_style_tokenizer, ScriptedGenerator([]), invoker, trainer.config.rollout_config()
+        qwen_style_tokenizer, ScriptedGenerator([]), invoker, config.rollout_config()
     )
-    asyncio.run(trainer._choose_tool_schemas(invoker))
+    asyncio.run(trainer._show_tools())
+    asyncio.run(trainer._show_tools())  # once per run: the server is asked once
     assert invoker.toolsets == ["math"]
     assert plain.tools == CALCULATOR
     assert inline.tools is None  # its prompt describes the calculator already

@@ -1,0 +1,71 @@
+"""Training checkpoints: the model in HF format plus the trainer's state, written atomically.
+
+``<out>/checkpoints/step_N/`` holds ``save_pretrained`` output (model and tokenizer) and
+``trainer_state.pt`` (optimizer, data cursor, RNG states, elapsed time); ``latest`` names
+the newest. A checkpoint is written under a temporary name and renamed, so a run killed
+mid-save never leaves a half-written ``latest``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "trainer_state.pt"
+
+
+def save_checkpoint(
+    out_dir: Path, step: int, *, model: Any, tokenizer: Any, state: dict[str, Any], keep: int
+) -> Path:
+    """Write checkpoint ``step_N`` (``state``: the trainer's own, e.g. optimizer and RNG) and keep the newest ``keep``."""
+    root = out_dir / CHECKPOINTS
+    target = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(state, tmp / STATE_FILE)
+    if target.exists():
+        shutil.rmtree(target)
+    os.rename(tmp, target)
+    (root / LATEST).write_text(target.name)
+    kept = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in kept[: max(0, len(kept) - max(1, keep))]:
+        shutil.rmtree(old, ignore_errors=True)
+    logger.info("saved checkpoint %s", target)
+    return target
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None (a dangling ``latest`` is logged and ignored)."""
+    latest = out_dir / CHECKPOINTS / LATEST
+    if not latest.is_file():
+        return None
+    path = out_dir / CHECKPOINTS / latest.read_text().strip()
+    if not (path / STATE_FILE).is_file():
+        logger.warning("checkpoint pointer %s names no usable checkpoint; starting fresh", latest)
+        return None
+    return path
+
+
+def load_checkpoint(path: Path, model: Any) -> dict[str, Any]:
+    """Load the checkpoint's weights into ``model`` and return its trainer state."""
+    from transformers import AutoModelForCausalLM
+
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    weights = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(weights.state_dict())
+    return state
