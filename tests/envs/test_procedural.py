@@ -14,10 +14,12 @@ import subprocess
 import sys
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 
-from protocol import ErrorKind, ToolError, VerifyRequest
+from protocol import ErrorKind, ToolError, VerifyRequest, decode_results, decode_verify_results
+from tests.support.server import running_server, server_config
 from tools.envs.pack import Complexity, EnvTask, Pack, PackInfo, call_depths, dump_pack, load_pack
 from tools.envs.procedural import WORLDS, derive_answer, pack, tools_module
 from tools.envs.procedural.compose import output_records
@@ -425,3 +427,53 @@ def test_worked_examples_are_solved_chats_beside_the_tasks(world: str) -> None:
             assert not isinstance(json.loads(result["content"]), str)  # a tool output, not an error text
     with pytest.raises(ValueError, match="not procedural"):
         worked_examples(Pack(PackInfo("hand-made"), p.tools, p.initial_state))
+
+
+def _served_session(http: httpx.Client, p: Pack, task: EnvTask) -> dict[str, Any]:
+    """Play ``task``'s gold calls in a session bound to it; the verify request for that session."""
+    session, truth = f"s-{task.id}", {"pack": p.id, "task": task.id}
+    opened = http.post("/v1/sessions", json={"session": session, "environment": truth})
+    assert opened.status_code == 201, opened.text
+    _, outputs = replay_outputs(p, task)
+    depths = call_depths(task.gold.calls)
+    messages: list[dict[str, Any]] = [*task.prompt]
+    for call in sorted(task.gold.calls, key=lambda c: depths[c.id]):
+        sent = {"call_id": f"{session}-{call.id}", "name": call.name, "arguments": call.arguments}
+        result = decode_results(
+            http.post("/v1/calls", json={"calls": [{**sent, "session": session}]}).content
+        )[0]
+        assert not result.is_error and result.structured == outputs[call.id], (task.id, result)
+        text = json.dumps({"name": call.name, "arguments": call.arguments})
+        messages.append({"role": "assistant", "content": f"<tool_call>{text}</tool_call>"})
+        messages.append({"role": "tool", "name": call.name, "content": result.text})
+    final = " ".join(["Done.", *task.gold.communicate])
+    if task.gold.answer is not None:
+        final += f" <answer>{task.gold.answer}</answer>"
+    messages.append({"role": "assistant", "content": final})
+    return {"verifier": "tool_use", "ground_truth": truth, "session": session, "messages": messages,
+            "response_start": len(task.prompt), "arguments": {"mode": "eval"}}  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+def test_a_real_server_serves_the_packs_and_scores_gold_sessions_full() -> None:
+    """The four worlds from their source behind a real server: schemas, bound sessions, the reward."""
+    token = "procedural-" + "p" * 24
+    environments = [
+        {"source": "tools.envs.procedural:pack", "arguments": {"world": world, "seed": 7, "tasks": 8}}
+        for world in WORLDS
+    ]
+    config = server_config(environments=environments)
+    with (
+        running_server(config, env={"TOOLFACTORY_TOKENS": token}) as srv,
+        httpx.Client(base_url=srv.url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as http,
+    ):
+        for world in WORLDS:
+            p = pack(world, seed=7, tasks=8)
+            listed = http.get("/v1/tools", params={"toolset": p.id}).json()["tools"]
+            assert {t["name"]: t["inputSchema"] for t in listed} == {t.name: t.input_schema for t in p.tools}
+            for task in p.tasks:
+                request = _served_session(http, p, task)
+                reply = http.post("/v1/verify", json={"requests": [request]})
+                verdict = decode_verify_results(reply.content)[0]
+                assert not verdict.is_error and verdict.score == 1.0, (task.id, verdict.components)
+                assert http.delete(f"/v1/sessions/{request['session']}").status_code == 200
