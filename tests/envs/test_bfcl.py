@@ -26,11 +26,14 @@ from tests.support.require import require
 
 require("bfcl_eval", reason="bfcl-eval is installed by `make setup` (pip install --no-deps)")
 
+from bfcl_eval.constants.category_mapping import VERSION_PREFIX  # noqa: E402
+from bfcl_eval.constants.eval_config import PROMPT_PATH  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils  # noqa: E402
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import (  # noqa: E402
     multi_turn_checker,
     state_checker,
 )
+from bfcl_eval.utils import populate_test_cases_with_predefined_functions  # noqa: E402
 
 from protocol import ErrorKind, ToolError, VerifyRequest, decode_results  # noqa: E402
 from tests.support.server import ServerProcess, running_server, server_config  # noqa: E402
@@ -131,6 +134,20 @@ def turns_of(task: EnvTask, entry: Entry, calls: Sequence[GoldCall]) -> list[lis
     return [[original[i] for i in ids if i in keep] for ids in task.metadata["turn_calls"]]
 
 
+def bfcl_offers(category: str) -> tuple[dict[str, list[str]], dict[str, dict[str, list[str]]]]:
+    """Per entry, the functions BFCL's runner offers at the start and those it reveals later."""
+    with open(PROMPT_PATH / f"{VERSION_PREFIX}_{category}.json") as handle:
+        rows = populate_test_cases_with_predefined_functions([json.loads(line) for line in handle])
+    offered = {row["id"]: [doc["name"] for doc in row["function"]] for row in rows}
+    revealed = {
+        row["id"]: {
+            turn: [doc["name"] for doc in docs] for turn, docs in row.get("missed_function", {}).items()
+        }
+        for row in rows
+    }
+    return offered, revealed
+
+
 def gold_calls(task: EnvTask, ids: Sequence[str]) -> list[GoldCall]:
     by_id = {c.id: c for c in task.gold.calls}
     return [by_id[i] for i in ids]
@@ -159,7 +176,7 @@ def test_every_entry_is_a_task_with_its_turns_and_a_chained_gold(
     pack = packs[category]
     assert pack.id == f"bfcl_{category}" and pack.info.origin == "bfcl"
     assert len(pack.tasks) == len(bfcl_entries[category]) == 200
-    names = {t.name for t in pack.tools}
+    offered, revealed = bfcl_offers(category)
     early: list[str] = []  # entries whose gold calls a held-out function before it is revealed
     for task in pack.tasks:
         entry = bfcl_entries[category][task.id]
@@ -171,7 +188,8 @@ def test_every_entry_is_a_task_with_its_turns_and_a_chained_gold(
         assert [len(t) for t in task.metadata["turn_calls"]] == [len(t) for t in entry.ground_truth]
         assert all(c.depends_on == ([ids[n - 1]] if n else []) for n, c in enumerate(task.gold.calls))
         assert task.complexity.depth == len(ids) and task.complexity.gold_calls == len(ids)
-        assert set(task.tools or ()) <= names and not set(entry.excluded) & set(task.tools or ())
+        assert task.tools == offered[task.id]  # what BFCL's runner puts in front of the model
+        assert task.metadata["tools_added"] == revealed[task.id]
         for turn, added in task.metadata["tools_added"].items():
             assert int(turn) > 0 and not set(added) & set(task.tools or ())
             earlier = {
@@ -531,8 +549,8 @@ def test_the_pack_served_plays_a_task_to_a_full_reward(server: ServerProcess, pa
         assert response.status_code == 200, response.text
         return decode_results(response.content)[0]
 
-    excluded = call("cp", {"source": "a", "destination": "b"})  # the entry's excluded_function
-    assert excluded.is_error and excluded.error is not None and excluded.error.kind.value == "unknown_tool"
+    travel = call("list_all_airports", {})  # TravelAPI: not a class this task involves
+    assert travel.is_error and travel.error is not None and travel.error.kind.value == "unknown_tool"
     expected = pack.replay(task)
     for gold, record in zip(task.gold.calls, expected.calls, strict=True):
         result = call(gold.name, gold.arguments)

@@ -204,12 +204,11 @@ def _task(
             calls.append(GoldCall(name, arguments, id=call_id, depends_on=[calls[-1].id] if calls else []))
             ids.append(call_id)
         turn_calls.append(ids)
+    # BFCL offers every function of the involved classes but the held-out ones (it never
+    # reads an entry's ``excluded_function``; we keep that in the metadata only)
     held_out = {name for names in entry.missed.values() for name in names}
     offered = [
-        name
-        for class_name in entry.involved_classes
-        for name in by_class[class_name]
-        if name not in entry.excluded and name not in held_out
+        name for class_name in entry.involved_classes for name in by_class[class_name] if name not in held_out
     ]
     used = {call.name for call in calls}
     distractors = [name for name in offered if name not in used]
@@ -239,5 +238,6 @@ def _task(
             "turn_calls": turn_calls,
             "tools_added": {str(turn): names for turn, names in entry.missed.items()},
             "involved_classes": entry.involved_classes,
+            "excluded_function": entry.excluded,
         },
     )
