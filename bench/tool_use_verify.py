@@ -15,13 +15,16 @@ argument changed, the parallel group reordered, an order placed before its looku
 failing call, or a parse error. Each request carries the chat a rollout records (one
 assistant turn per call group, one tool message per call, an ``<answer>``).
 
-Rows: ``score`` in train and eval mode with warm caches (each task's gold world
-replayed once, schemas compiled once: the steady state of a training run), the same
-with every cache dropped before each verification (the first verification of a task),
-and ``exact_match``. Rates per CPU-second of the measuring thread (``time.thread_time``)
-and per wall-second; on a shared machine compare the CPU column and the ratio.
+Rows: ``exact_match``; ``score`` in train and eval mode with warm caches (each task's
+gold world replayed once, schemas compiled once, and each distinct call's schema check
+and argument matching done once: the steady state of a training run, whose GRPO groups
+repeat calls); train mode with the per-call cache emptied before each verification
+(every call new); and with every cache dropped (the first verification of a task).
+Rates per CPU-second of the measuring thread (``time.thread_time``) and per
+wall-second, fastest of ``--repeats`` interleaved runs; on a shared machine compare the
+CPU column and the ratio.
 
-Run: ``.venv/bin/python bench/tool_use_verify.py [--seconds 2.0]``.
+Run: ``.venv/bin/python bench/tool_use_verify.py [--seconds 2.0] [--repeats 3]``.
 """
 
 from __future__ import annotations
@@ -231,37 +234,52 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=2.0, help="CPU seconds per row")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved runs per row (the fastest is kept)"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     pack = make_pack(rng, tasks=20)
     cases = [trajectory(pack, task, v % 6, rng) for task in pack.tasks for v in range(10)]
     assert all(len(case[2].calls) == 10 for case in cases), "every trajectory makes 10 calls"
 
+    def uncached(case: Case) -> Any:
+        tool_use._PACKS[id(case[0])].tasks[case[1].id].facts.clear()  # every call seen for the first time
+        return tool_use.score(case[0], case[1], case[2], case[3])
+
     def cold(case: Case) -> Any:
         tool_use._PACKS.clear()  # the first verification of a task: replay its gold calls, compile schemas
         return tool_use.score(case[0], case[1], case[2], case[3])
 
-    rows = [
+    rows: list[tuple[str, Callable[[Case], Any]]] = [
         ("exact_match (trivial)", lambda c: exact_match(c[3])),
         ("tool_use train, warm caches", lambda c: tool_use.score(c[0], c[1], c[2], c[3])),
         ("tool_use eval, warm caches", lambda c: tool_use.score(c[0], c[1], c[2], c[3], mode="eval")),
+        ("tool_use train, no call repeats", uncached),
         ("tool_use train, cold (first of a task)", cold),
     ]
     sample = [tool_use.score(*case) for case in cases[:6]]
     print("scores of the six variants of task t0:", [round(r.score, 3) for r in sample])
+    best: dict[str, tuple[int, float, float]] = {}
+    for _ in range(args.repeats):  # interleaved; a busy neighbour only slows a run down, so keep the fastest
+        for name, fn in rows:
+            n, wall, cpu = measure(fn, cases, args.seconds)
+            if name not in best or n / cpu > best[name][0] / best[name][2]:
+                best[name] = (n, wall, cpu)
     print(f"\n{'verifier':<40} {'n':>8} {'CPU/s':>9} {'wall/s':>9} {'us CPU':>8} {'x trivial':>9}")
     print("-" * 88)
     base = None
-    for name, fn in rows:
-        n, wall, cpu = measure(fn, cases, args.seconds)
+    for name, _ in rows:
+        n, wall, cpu = best[name]
         rate = n / cpu
         base = base or rate
         print(
             f"{name:<40} {n:>8,} {rate:>9,.0f} {n / wall:>9,.0f} {cpu / n * 1e6:>8.1f} {base / rate:>8.1f}x"
         )
     print(
-        "\n'x trivial': how many times the CPU of exact_match one verification costs (target: >= 10,000/s warm)."
+        f"\nfastest of {args.repeats} interleaved runs per row; 'x trivial': CPU per verification / exact_match's."
     )
+    print("Target: tool_use >= 10,000 verifications/s per core with warm caches.")
 
 
 if __name__ == "__main__":

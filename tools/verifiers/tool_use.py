@@ -24,7 +24,7 @@ Components (floats in [0, 1] unless marked as a count):
   per-step reward 2·S_t/(N_t+1) (S_t, N_t: sub-goals solved and calls made in assistant
   turn t; it is F1 with the completeness of one turn taken as S_t/1), averaged over the
   turns that made calls and capped at 1 (a turn that solves k sub-goals in parallel
-  earns 2k/(k+1) in the paper; ``details.steps`` keeps the raw values). Without turn
+  earns 2k/(k+1) in the paper; ``details.steps`` keeps each turn's [N_t, S_t]). Without turn
   information every call is its own turn. Empty cases: no calls and no gold calls → 1.0;
   no calls but gold calls → 0.0.
 - ``calls``: 1.0 when every gold call is solved (S == G), else 0.0 (τ²-style "actions").
@@ -37,7 +37,7 @@ Components (floats in [0, 1] unless marked as a count):
   or numerically (relative tolerance 1e-6) when both read as numbers. 1.0 when the task
   requires no answer.
 - ``communicate``: share of ``task.gold.communicate`` strings present (normalised, as
-  whole words) in what the model wrote. 1.0 when there are none.
+  whole words) in what the model wrote outside its tool calls. 1.0 when there are none.
 - ``extra_calls`` (count): calls made beyond the matched ones (N − M), refused and
   failed ones included; ``failed_calls`` (count): calls that ran and failed (an error in
   ``world.calls``); ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
@@ -58,10 +58,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from protocol import VerifyRequest, VerifyResult
 from tools.envs.pack import EnvTask, EnvTool, GoldCall, Pack, call_depths
 from tools.envs.world import CallRecord, World
-from tools.verifiers.text import assistant_texts, extract_answer, final_text, normalize_answer
+from tools.verifiers.text import assistant_texts, extract_answer, final_text, normalize_answer, normalize_gold
 from tools.verifiers.tool_use_match import Candidate, match_calls
 from tools.verifiers.tool_use_schema import compile_schema, schema_problem
 from tools.verifiers.tool_use_values import argument_difference, arguments_agree, same_value, standardize
@@ -107,6 +109,8 @@ PENALTY_PER_FAILED = 0.1
 BASIS_ALIASES = {"db": "state", "action": "calls", "actions": "calls", "env_assertion": "state"}
 MODES = ("train", "eval")
 _ABSENT = object()
+_FACTS_PER_TASK = 4096  # cached (call -> schema problem, agreeing gold calls) entries per task
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
 _DETAIL_LIMIT = 20  # list entries kept in details (a runaway trajectory must not bloat them)
 
 
@@ -126,6 +130,7 @@ class _TaskView:
     communicate: list[str]
     # tool -> (argument, {standardised gold value: gold indices}): a cheap first filter, see _probes
     probes: dict[str, tuple[str, dict[str, list[int]]]] = field(default_factory=dict)
+    facts: dict[tuple[str, bytes], tuple[str | None, tuple[int, ...]]] = field(default_factory=dict)
     gold_world: World | None = None
     gold_changed: frozenset[tuple[str, str]] | None = None
 
@@ -237,7 +242,8 @@ def _read_turns(messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecor
     tool names aligns them.
     """
     turns = _Turns()
-    results: list[tuple[int, str]] = []
+    result_steps: list[int] = []  # per named tool message: its assistant turn, its tool
+    result_names: list[str] = []
     step = -1
     for message in messages:
         role = message.get("role")
@@ -246,21 +252,24 @@ def _read_turns(messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecor
         elif role == "tool":
             if message.get("error") == "parse":
                 turns.parse_errors += 1
-            elif message.get("name"):
-                results.append((max(step, 0), str(message["name"])))
+            else:
+                name = message.get("name")
+                if name:
+                    result_steps.append(step if step >= 0 else 0)
+                    result_names.append(str(name))
     names = [c.name for c in calls]
-    if not results:
+    if not result_names:
         turns.step_of_call = list(range(len(calls)))  # no turn information: one call per turn
         return turns
-    if len(results) == len(names) and all(r[1] == n for r, n in zip(results, names, strict=True)):
-        turns.step_of_call = [r[0] for r in results]
+    if result_names == names:
+        turns.step_of_call = result_steps
         return turns
-    pairs = _align([r[1] for r in results], names)
-    aligned_results = {i for i, _ in pairs}
-    turns.refused = [r for i, r in enumerate(results) if i not in aligned_results]
+    pairs = _align(result_names, names)
+    aligned = {i for i, _ in pairs}
+    turns.refused = [(result_steps[i], result_names[i]) for i in range(len(result_names)) if i not in aligned]
     step_of_call = [-1] * len(names)
     for i, j in pairs:
-        step_of_call[j] = results[i][0]
+        step_of_call[j] = result_steps[i]
     spare = max(step, 0) + 1
     for j, value in enumerate(step_of_call):
         if value < 0:  # a call with no tool message: a turn of its own
@@ -297,8 +306,22 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _prose(texts: Sequence[str]) -> str:
+    """What the model told the user: its turns without the tool-call blocks (str.find: a
+    regex with a lazy ``.*?`` was the slowest step of the whole reward)."""
+    parts = []
+    for text in texts:
+        start = 0
+        while (open_at := text.find(_CALL_OPEN, start)) >= 0:
+            parts.append(text[start:open_at])
+            close_at = text.find(_CALL_CLOSE, open_at)
+            start = len(text) if close_at < 0 else close_at + len(_CALL_CLOSE)
+        parts.append(text[start:])
+    return " ".join(parts)
+
+
 def _answer_matches(answer: str, gold: str) -> bool:
-    if normalize_answer(answer) == normalize_answer(gold):
+    if normalize_answer(answer) == normalize_gold(gold):
         return True
     a, g = _number(answer), _number(gold)
     return a is not None and g is not None and math.isclose(a, g, rel_tol=1e-6, abs_tol=1e-9)
@@ -307,51 +330,69 @@ def _answer_matches(answer: str, gold: str) -> bool:
 # --------------------------------------------------------------------------- the components
 
 
-def _schema_component(
-    view: _PackView, task_view: _TaskView, calls: Sequence[CallRecord], refused: int
-) -> tuple[float, list[dict[str, Any]]]:
-    problems: list[dict[str, Any]] = []
-    for index, call in enumerate(calls):
-        tool = view.tools.get(call.name)
-        problem = None
-        if tool is None:
-            problem = f"no tool {call.name!r} in this environment"
-        elif task_view.exposed is not None and call.name not in task_view.exposed:
-            problem = f"tool {call.name!r} is not offered by this task"
-        else:
-            check = view.checks.get(call.name)
-            if check is None:
-                check = view.checks[call.name] = compile_schema(tool.input_schema)
-            if not check(call.arguments):
-                problem = schema_problem(tool.input_schema, call.arguments)
-        if problem is not None:
-            problems.append({"call": index, "name": call.name, "problem": problem})
-    made = len(calls) + refused
-    valid = len(calls) - len(problems)
-    return (valid / made if made else 1.0), problems
+def _call_facts(
+    view: _PackView, task_view: _TaskView, call: CallRecord
+) -> tuple[str | None, tuple[int, ...]]:
+    """What a call's name and arguments alone decide: its schema problem (or None) and the
+    gold calls whose compared arguments it matches.
+
+    Cached per task by the call's canonical JSON: the samples of a GRPO group (and the
+    epochs of a run) repeat the same calls, and this is most of the reward's work.
+    """
+    try:
+        key = (call.name, orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS))
+    except TypeError:  # arguments that are not JSON (only a direct Python caller can send them)
+        return _decide(view, task_view, call)
+    facts = task_view.facts.get(key)
+    if facts is None:
+        if len(task_view.facts) >= _FACTS_PER_TASK:
+            task_view.facts.clear()
+        facts = task_view.facts[key] = _decide(view, task_view, call)
+    return facts
 
 
-def _candidates(view: _PackView, task_view: _TaskView, calls: Sequence[CallRecord]) -> list[list[Candidate]]:
+def _decide(view: _PackView, task_view: _TaskView, call: CallRecord) -> tuple[str | None, tuple[int, ...]]:
+    tool = view.tools.get(call.name)
+    if tool is None:
+        return f"no tool {call.name!r} in this environment", ()
+    problem = None
+    if task_view.exposed is not None and call.name not in task_view.exposed:
+        problem = f"tool {call.name!r} is not offered by this task"
+    else:
+        check = view.checks.get(call.name)
+        if check is None:
+            check = view.checks[call.name] = compile_schema(tool.input_schema)
+        if not check(call.arguments):
+            problem = schema_problem(tool.input_schema, call.arguments)
+    probe = task_view.probes.get(call.name)
+    if probe is None:
+        golds = task_view.by_name.get(call.name, ())
+    else:
+        value = call.arguments.get(probe[0])
+        golds = probe[1].get(standardize(value), ()) if type(value) is str else ()
+    properties = _properties(tool)
+    agree = tuple(
+        g
+        for g in golds
+        if arguments_agree(
+            call.arguments, task_view.golds[g].arguments, task_view.golds[g].compare, properties
+        )
+    )
+    return problem, agree
+
+
+def _candidates(
+    task_view: _TaskView, calls: Sequence[CallRecord], facts: Sequence[tuple[str | None, tuple[int, ...]]]
+) -> list[list[Candidate]]:
     """For each gold call, the successful calls that may stand for it (and whether they solve it)."""
     out: list[list[Candidate]] = [[] for _ in task_view.golds]
-    for index, call in enumerate(calls):
+    for index, (call, (_, golds)) in enumerate(zip(calls, facts, strict=True)):
         if call.error is not None:
             continue  # only calls that succeeded can solve a sub-goal
-        probe = task_view.probes.get(call.name)
-        if probe is None:
-            golds = task_view.by_name.get(call.name)
-        else:
-            value = call.arguments.get(probe[0])
-            golds = probe[1].get(standardize(value)) if type(value) is str else None
-        if not golds:
-            continue
-        properties = _properties(view.tools.get(call.name))
         for g in golds:
-            gold = task_view.golds[g]
-            if arguments_agree(call.arguments, gold.arguments, gold.compare, properties):
-                expected = gold.output
-                solved = expected is None or call.output == expected or same_value(call.output, expected)
-                out[g].append(Candidate(index, solved))
+            expected = task_view.golds[g].output
+            solved = expected is None or call.output == expected or same_value(call.output, expected)
+            out[g].append(Candidate(index, solved))
     return out
 
 
@@ -414,9 +455,12 @@ def _f1_step(
 ) -> tuple[float | None, dict[int, list[int]]]:
     steps: dict[int, list[int]] = {}  # turn -> [calls made, sub-goals solved]
     for index, step in enumerate(step_of_call):
-        entry = steps.setdefault(step, [0, 0])
+        entry = steps.get(step)
+        if entry is None:
+            entry = steps[step] = [0, 0]
         entry[0] += 1
-        entry[1] += index in solved_calls
+        if index in solved_calls:
+            entry[1] += 1
     for step, _ in refused:
         steps.setdefault(step, [0, 0])[0] += 1
     if not steps:
@@ -452,18 +496,40 @@ def score(
     n_made = len(calls) + refused
     attempts = n_made + turns.parse_errors
     format_score = (n_made / attempts) if attempts else 1.0
-    schema_score, schema_problems = _schema_component(view, task_view, calls, refused)
+    facts = [_call_facts(view, task_view, call) for call in calls]
+    schema_problems = [
+        {"call": i, "name": calls[i].name, "problem": problem}
+        for i, (problem, _) in enumerate(facts)
+        if problem is not None
+    ]
+    schema_score = (len(calls) - len(schema_problems)) / n_made if n_made else 1.0
 
-    matching = match_calls(_candidates(view, task_view, calls), task_view.deps)
-    gold_count = len(task_view.golds)
-    matched, solved = matching.matched_count, matching.solved_count
+    matching = match_calls(_candidates(task_view, calls, facts), task_view.deps)
+    golds = task_view.golds
+    gold_count = len(golds)
+    matches: dict[str, int] = {}
+    unmatched: list[dict[str, Any]] = []
+    not_solved: list[dict[str, Any]] = []
+    solved_calls: set[int] = set()
+    for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True)):
+        if c < 0:
+            why = _why_unmatched(view, task_view, g, calls, matching.blocked[g])
+            unmatched.append({"gold": golds[g].id, "why": why})
+            continue
+        matches[golds[g].id] = c
+        if s:
+            solved_calls.add(c)
+        else:
+            not_solved.append(
+                {"gold": golds[g].id, "call": c, "output": calls[c].output, "gold_output": golds[g].output}
+            )
+    matched, solved = len(matches), len(solved_calls)
     failed = [i for i, c in enumerate(calls) if c.error is not None]
     extra = n_made - matched
 
     precision = solved / n_made if n_made else (1.0 if gold_count == 0 else 0.0)
     completeness = solved / gold_count if gold_count else 1.0
     f1 = 2 * solved / (n_made + gold_count) if n_made + gold_count else 1.0
-    solved_calls = {c for c, s in zip(matching.calls, matching.solved, strict=True) if s}
     f1_step, steps = _f1_step(turns.step_of_call, turns.refused, solved_calls)
     if f1_step is None:
         f1_step = 1.0 if gold_count == 0 else 0.0
@@ -473,10 +539,11 @@ def score(
     text = final_text(request)
     answer_text, tagged = extract_answer(text)
     answer = 1.0 if task_view.answer is None else float(_answer_matches(answer_text, task_view.answer))
-    said = " " + normalize_answer(" ".join(assistant_texts(request))) + " "
-    missing = [
-        s for s, n in zip(task.gold.communicate, task_view.communicate, strict=True) if f" {n} " not in said
-    ]
+    missing: list[str] = []
+    if task_view.communicate:
+        said = f" {normalize_answer(_prose(assistant_texts(request)))} "
+        pairs = zip(task.gold.communicate, task_view.communicate, strict=True)
+        missing = [text for text, normal in pairs if f" {normal} " not in said]
     communicate = 1.0 - len(missing) / len(task_view.communicate) if task_view.communicate else 1.0
 
     components = {
@@ -503,33 +570,13 @@ def score(
     else:
         combined = math.prod(components[name] for name in basis or ())
 
-    used = set(matching.calls)
+    used = set(matches.values())
     details: dict[str, Any] = {
         "mode": mode,
         "counts": {"solved": solved, "matched": matched, "calls": n_made, "gold": gold_count},
-        "matches": [
-            {"gold": task_view.golds[g].id, "name": task_view.golds[g].name, "call": c, "solved": s}
-            for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True))
-            if c >= 0
-        ],
-        "unmatched": [
-            {
-                "gold": task_view.golds[g].id,
-                "why": _why_unmatched(view, task_view, g, calls, matching.blocked[g]),
-            }
-            for g, c in enumerate(matching.calls)
-            if c < 0
-        ][:_DETAIL_LIMIT],
-        "not_solved": [
-            {
-                "gold": task_view.golds[g].id,
-                "call": c,
-                "output": calls[c].output,
-                "gold_output": task_view.golds[g].output,
-            }
-            for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True))
-            if c >= 0 and not s
-        ][:_DETAIL_LIMIT],
+        "matches": matches,
+        "unmatched": unmatched[:_DETAIL_LIMIT],
+        "not_solved": not_solved[:_DETAIL_LIMIT],
         "extra": [i for i in range(len(calls)) if i not in used][:_DETAIL_LIMIT],
         "failed": [{"call": i, "name": calls[i].name, "error": calls[i].error} for i in failed][
             :_DETAIL_LIMIT
@@ -537,9 +584,7 @@ def score(
         "refused": [{"turn": t, "name": n} for t, n in turns.refused][:_DETAIL_LIMIT],
         "parse_errors": turns.parse_errors,
         "schema_problems": schema_problems[:_DETAIL_LIMIT],
-        "steps": {
-            str(t): {"calls": n, "solved": s, "reward": 2 * s / (n + 1)} for t, (n, s) in steps.items()
-        },
+        "steps": {str(t): entry for t, entry in steps.items()},
         "state": state_details,
         "answer": {"answer": answer_text, "tagged": tagged, "gold": task_view.answer},
         "communicate_missing": missing,
@@ -547,7 +592,7 @@ def score(
     if not matching.exact:
         details["matching"] = f"search stopped after {matching.steps} steps: best matching found so far"
     if plan is not None:
-        details["weights"] = plan
+        details["weights"] = dict(plan)
     else:
         details["basis"] = basis
     return VerifyResult(combined, components, details)

@@ -35,15 +35,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["Candidate", "Matching", "match_calls"]
 
 DEFAULT_BUDGET = 20_000
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):  # a tuple: built for every plausible (call, gold call) pair
     call: int  # index into the call log
     solved: bool  # its output also matches the gold output
 
@@ -158,15 +157,19 @@ def _uncontested(
     n = len(order)
     calls, solved = [-1] * n, [False] * n
     for g, options in enumerate(order):
-        deps = depends_on[g]
-        if deps and min(calls[d] for d in deps) < 0:
-            continue  # a dependency is unmatched
-        after = max((calls[d] for d in deps), default=-1)
-        feasible = [o for o in options if o.call > after]
-        if not feasible:
+        if not options:
             continue
-        if not feasible[0].solved and any(o.solved for o in feasible):
-            return None
-        calls[g], solved[g] = feasible[0].call, feasible[0].solved
+        after = -1  # the latest call matched to a dependency
+        for d in depends_on[g]:
+            if calls[d] < 0:
+                break  # a dependency is unmatched: so is this one
+            after = max(after, calls[d])
+        else:
+            feasible = [o for o in options if o.call > after]
+            if not feasible:
+                continue
+            if not feasible[0].solved and any(o.solved for o in feasible):
+                return None
+            calls[g], solved[g] = feasible[0].call, feasible[0].solved
     blocked = [bool(order[g]) and calls[g] < 0 for g in range(n)]
     return Matching(calls, solved, exact=True, steps=n, blocked=blocked)
