@@ -217,14 +217,15 @@ def test_unknown_ids_are_refused_as_invalid_arguments(built: Pack) -> None:
 
 
 def test_parallel_calls_commute(built: Pack) -> None:
-    """Calls at one depth run in reverse order end in the replay's state, without errors."""
+    """Calls at one depth run in reverse order: no error, the replay's state, the same answer."""
     for task in built.tasks:
         depths = call_depths(task.gold.calls)
         order = sorted(reversed(task.gold.calls), key=lambda c: depths[c.id])  # stable: reversed per depth
         world = built.new_world(task)
-        for call in order:
-            built.call(world, call.name, call.arguments)
+        outputs = {call.id: built.call(world, call.name, call.arguments) for call in order}
         assert world.digest() == built.replay(task).digest(), task.id
+        if task.gold.answer is not None:
+            assert same(task.gold.answer, derive_answer(task.metadata["derive"], outputs)), task.id
 
 
 def _refusals(world: str, state: dict[str, dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
@@ -321,6 +322,10 @@ def test_the_same_arguments_give_the_same_pack_and_other_seeds_differ() -> None:
 def test_levels_option_builds_a_training_pack_of_levels_1_and_2() -> None:
     p = pack("shop", seed=1, tasks=30, levels=[1, 2])
     assert {t.complexity.level for t in p.tasks} == {1, 2}
+    assert [t.to_dict() for t in pack("shop", seed=1, tasks=30, levels="1,2").tasks] == [
+        t.to_dict() for t in p.tasks
+    ]
+    assert {t.complexity.level for t in pack("shop", seed=1, tasks=5, levels=3).tasks} == {3}
     assert len(p.tasks) == 30 and p.id != pack("shop", seed=1, tasks=4).id
     assert all(len(t.prompt[0]["content"]) < 160 for t in p.tasks)
 
@@ -379,8 +384,13 @@ def test_dump_and_load_round_trip(world: str, tmp_path: Any) -> None:
 def test_bad_generator_arguments_are_refused() -> None:
     with pytest.raises(ValueError, match="unknown procedural world"):
         pack("zoo")
-    with pytest.raises(ValueError, match="levels"):
-        pack("shop", levels=[5])
+    for levels in ([5], [], "1,x", 0):
+        with pytest.raises(ValueError, match="levels must be some of"):
+            pack("shop", levels=levels)
+    with pytest.raises(ValueError, match="tasks must be"):
+        pack("shop", tasks=-1)
+    with pytest.raises(ValueError, match="seed must be"):
+        pack("shop", seed="0")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="parameter_expansion"):
         pack("shop", parameter_expansion=2.0)
 

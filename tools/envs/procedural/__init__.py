@@ -43,7 +43,7 @@ def pack(
     world: str = "shop",
     seed: int = 0,
     tasks: int = 200,
-    levels: Sequence[int] = (1, 2, 3, 4),
+    levels: Sequence[int] | int | str = (1, 2, 3, 4),
     *,
     distractors: int = 2,
     toolset_extension: float = 0.0,
@@ -60,11 +60,11 @@ def pack(
     different ids: rewards look tasks up by pack id).
     """
     module = world_module(world)
-    levels = tuple(int(level) for level in levels)
-    if not levels or any(level not in (1, 2, 3, 4) for level in levels):
-        raise ValueError(f"levels must be a non-empty list of 1, 2, 3, 4; got {list(levels)}")
-    if tasks < 0:
-        raise ValueError(f"tasks must be >= 0, got {tasks}")
+    levels = _levels(levels)
+    if isinstance(tasks, bool) or not isinstance(tasks, int) or tasks < 0:
+        raise ValueError(f"tasks must be a whole number >= 0, got {tasks!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
     options = Options(distractors, toolset_extension, parameter_expansion, patched)
     state = module.initial_state(random.Random(f"{world}:{seed}:state"))
     generated, prompts = [], set()
@@ -90,6 +90,23 @@ def pack(
         description=module.DESCRIPTION,
     )
     return Pack(info, list(module.TOOLS), state, generated, policy=module.POLICY)
+
+
+def _levels(levels: Sequence[int] | int | str) -> tuple[int, ...]:
+    """Levels as a config may give them: [1, 2], 2, or "1,2"."""
+    if isinstance(levels, str):
+        items: list[object] = [part.strip() for part in levels.split(",") if part.strip()]
+    elif isinstance(levels, int):
+        items = [levels]
+    else:
+        items = list(levels)
+    try:
+        out = tuple(int(str(level)) for level in items)
+    except ValueError:
+        out = ()
+    if not out or any(level not in (1, 2, 3, 4) for level in out):
+        raise ValueError(f"levels must be some of 1, 2, 3, 4 (a list, one number or '1,2'); got {levels!r}")
+    return out
 
 
 def _default_id(world: str, seed: int, levels: tuple[int, ...], options: Options) -> str:

@@ -31,8 +31,6 @@ from tools.envs.pack import SCALING_OPERATIONS, Complexity, EnvTask, Gold, GoldC
 
 __all__ = ["Context", "Options", "Step", "compose_task", "derive_answer", "gold", "output_records"]
 
-KINDS = ("read", "write", "pair", "chain", "fork")
-
 
 @dataclass(frozen=True)
 class Options:
