@@ -1,7 +1,9 @@
 """The procedural generator: every task of every world is solvable, honest and reproducible.
 
 Each check runs on real packs (60 tasks per world, levels 1-4) and replays the gold
-calls through the real tools on a real copy-on-write world.
+calls through the real tools on a real copy-on-write world. Gold trajectories are scored
+by the real ``tool_use`` reward, in process and behind a real server (uvicorn subprocess
+on loopback) that builds the packs from their source.
 """
 
 from __future__ import annotations
