@@ -232,6 +232,9 @@ def test_positional_ground_truth_gets_the_methods_parameter_names(packs: dict[st
 def test_gold_arguments_fit_the_tool_schemas(packs: dict[str, Pack], category: str) -> None:
     pack = packs[category]
     schemas = {t.name: t.input_schema for t in pack.tools}
+    price = schemas["place_order"]["properties"]["price"]  # BFCL's float: a number that says it is one
+    assert price["type"] == "number" and price["description"].endswith(" This is a float type value.")
+    assert schemas["mean"]["properties"]["numbers"]["items"] == {"type": "number"}
     for schema in schemas.values():
         jsonschema.Draft202012Validator.check_schema(schema)
     misfits = []

@@ -11,6 +11,7 @@ doc's parameter order (BFCL's own executor ``eval``s the strings; we never do).
 from __future__ import annotations
 
 import ast
+import copy
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 from bfcl_eval.constants.category_mapping import MULTI_TURN_CATEGORY, VERSION_PREFIX
 from bfcl_eval.constants.eval_config import MULTI_TURN_FUNC_DOC_PATH, POSSIBLE_ANSWER_PATH, PROMPT_PATH
 from bfcl_eval.constants.executable_backend_config import MULTI_TURN_FUNC_DOC_FILE_MAPPING
+from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
 __all__ = ["CATEGORIES", "CLASSES", "Entry", "entries", "function_docs", "parse_call", "to_json_schema"]
 
@@ -36,8 +38,6 @@ CLASSES = (
     "TravelAPI",
     "VehicleControlAPI",
 )
-# BFCL's parameter types are Python's; JSON Schema names them differently.
-_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 
 
 @dataclass
@@ -90,23 +90,41 @@ def function_docs() -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def to_json_schema(schema: Any) -> Any:
-    """A BFCL parameter schema as JSON Schema (``dict`` -> ``object``, ``float`` -> ``number``)."""
-    if isinstance(schema, list):
-        return [to_json_schema(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {}
-    for key, value in schema.items():
-        if key == "type" and isinstance(value, str):
-            mapped = _TYPES.get(value, value)
-            if mapped is not None:
-                out[key] = mapped
-        elif key == "properties" and isinstance(value, dict):
-            out[key] = {name: to_json_schema(prop) for name, prop in value.items()}
-        else:
-            out[key] = to_json_schema(value)
+def to_json_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A function doc's ``parameters`` as the JSON Schema BFCL gives function-calling models.
+
+    BFCL's own rules (``_cast_to_openai_type`` in its model handlers, with its type table):
+    Python type names map through ``GORILLA_TO_OPENAPI`` (unknown or missing: string),
+    and a float parameter says so in its description.
+    """
+    out = copy.deepcopy(parameters)
+    out["type"] = "object"
+    out["properties"] = _properties(out.get("properties", {}))
     return out
+
+
+def _properties(properties: dict[str, Any]) -> dict[str, Any]:
+    for schema in properties.values():
+        kind = schema.get("type", "string")
+        if kind == "float":
+            schema["format"] = "float"
+            schema["description"] = schema.get("description", "") + " This is a float type value."
+        schema["type"] = GORILLA_TO_OPENAPI.get(kind, "string")
+        if "properties" in schema:
+            schema["properties"] = _properties(schema["properties"])
+        elif isinstance(schema.get("items"), dict):
+            schema["items"] = _items(schema["items"])
+    return properties
+
+
+def _items(items: dict[str, Any]) -> dict[str, Any]:
+    if "type" in items:
+        items["type"] = GORILLA_TO_OPENAPI.get(items["type"], "string")
+    if "properties" in items:
+        items["properties"] = _properties(items["properties"])
+    elif isinstance(items.get("items"), dict):
+        items["items"] = _items(items["items"])
+    return items
 
 
 def parse_call(source: str, parameters: Mapping[str, Sequence[str]]) -> tuple[str, dict[str, Any]]:
