@@ -137,6 +137,11 @@ def test_schemas_are_valid_and_gold_arguments_follow_them(built: Pack) -> None:
             errors = [e.message for e in validators[call.name].iter_errors(call.arguments)]
             assert errors == [], (task.id, call.name, errors)
             assert call.compare is None or set(call.compare) <= set(call.arguments)
+            compared = set(call.arguments if call.compare is None else call.compare)
+            if built.tool(call.name).writes:  # what a write does is decided by all of its arguments
+                assert compared == set(call.arguments), (task.id, call)
+            else:  # free-text lookups may be phrased another way
+                assert not compared & {"query", "name", "owner"}, (task.id, call)
 
 
 def test_no_tool_leaks_the_answer(built: Pack) -> None:

@@ -17,6 +17,10 @@ composer checks that it agrees. Steps of one task claim the records they read or
 
 An answer carries ``derive``, a small spec of how it follows from the gold calls'
 outputs (``derive_answer``), so checks and rewards can recompute it from a replay.
+
+A gold call's ``compare`` names the arguments that decide the outcome: ids, amounts,
+titles, and filters whose result is counted. Free-text search words, and filters that
+only narrow a lookup, are not compared: another correct path must not lose reward.
 """
 
 from __future__ import annotations

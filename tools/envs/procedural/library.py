@@ -336,14 +336,13 @@ def copies_available(ctx: Context) -> Step | None:
         return None
     bid, b = picked
     args: dict[str, Any] = {"query": b["title"]}
-    compare: list[str] = []
     ask, scaling = f"How many copies of '{b['title']}' are available?", []
-    if ctx.expand():
-        args["genre"], compare, scaling = b["genre"], ["genre"], ["parameter_expansion"]
+    if ctx.expand():  # the filter only narrows the lookup: not compared
+        args["genre"], scaling = b["genre"], ["parameter_expansion"]
         ask = f"How many copies of the {b['genre']} book '{b['title']}' are available?"
     return Step(
         "copies_available",
-        [gold("search_books", args, "a", compare=compare)],
+        [gold("search_books", args, "a", compare=[])],
         ask,
         answer=str(b["available"]),
         derive={"op": "field", "call": "a", "id": bid, "field": "available"},

@@ -313,15 +313,14 @@ def stock_of(ctx: Context) -> Step | None:
         return None
     pid, p = picked
     args: dict[str, Any] = {"query": p["name"]}
-    compare: list[str] = []
     scaling: list[str] = []
     ask = f"How many units of '{p['name']}' are in stock?"
-    if ctx.expand():
-        args["category"], compare, scaling = p["category"], ["category"], ["parameter_expansion"]
+    if ctx.expand():  # the filter only narrows the lookup: not compared
+        args["category"], scaling = p["category"], ["parameter_expansion"]
         ask = f"How many units of the {p['category']} product '{p['name']}' are in stock?"
     return Step(
         "stock_of",
-        [gold("search_products", args, "a", compare=compare)],
+        [gold("search_products", args, "a", compare=[])],
         ask,
         answer=str(p["stock"]),
         derive={"op": "field", "call": "a", "id": pid, "field": "stock"},
@@ -525,13 +524,13 @@ def cancel_open_order(ctx: Context) -> Step | None:
         return None
     args: dict[str, Any] = {"customer_id": cid}
     scaling = []
-    if ctx.expand():
+    if ctx.expand():  # the filter only narrows the lookup: not compared
         args["status"], scaling = "placed", ["parameter_expansion"]
     return Step(
         "cancel_open_order",
         [
             gold("find_customer", {"name": c["name"]}, "find", compare=[]),
-            gold("list_orders", args, "list", after=["find"]),
+            gold("list_orders", args, "list", after=["find"], compare=["customer_id"]),
             gold("cancel_order", {"order_id": order["id"]}, "act", after=["list"]),
         ],
         f"{c['name']} has one order that has not shipped yet. Please cancel it.",
