@@ -314,14 +314,12 @@ def test_a_missing_write_is_caught_by_both_state_checks(
 ) -> None:
     """Drop each write call of every 4th task: World.differences and BFCL's state checker agree."""
     pack = packs[category]
-    writes = {t.name for t in pack.tools if t.writes}
     drops = caught = disagree = 0
     for task in pack.tasks[::4]:
         entry = bfcl_entries[category][task.id]
         gold_world = pack.replay(task)
-        gold_run = run_bfcl(entry, category, turns_of(task, entry, task.gold.calls))
-        for dropped in (c for c in task.gold.calls if c.name in writes):
-            kept = [c for c in task.gold.calls if c is not dropped]
+        gold_run = run_bfcl(entry, category, entry.ground_truth)
+        for kept in without_one_write(pack, task):
             ours = run_ours(pack, task, kept)
             theirs = run_bfcl(entry, category, turns_of(task, entry, kept))
             we_differ = bool(ours.differences(gold_world))
@@ -343,33 +341,38 @@ def test_bfcls_full_checker_fails_what_our_state_check_fails(
     """
     category = "multi_turn_base"
     pack = packs[category]
-    writes = {t.name for t in pack.tools if t.writes}
     both = only_bfcl = only_ours = 0
     for task in pack.tasks[::4]:
         entry = bfcl_entries[category][task.id]
         gold_world = pack.replay(task)
-        gold_turns = turns_of(task, entry, task.gold.calls)
-        assert multi_turn_checker(
-            [[turn] for turn in gold_turns], gold_turns, entry_dict(entry), category, new_model_name()
-        )["valid"]
-        for dropped in (c for c in task.gold.calls if c.name in writes):
-            kept = [c for c in task.gold.calls if c is not dropped]
+        assert bfcl_checks(entry, category, entry.ground_truth)
+        for kept in without_one_write(pack, task):
             we_fail = bool(run_ours(pack, task, kept).differences(gold_world))
-            model = [[turn] for turn in turns_of(task, entry, kept)]
-            verdict = multi_turn_checker(model, gold_turns, entry_dict(entry), category, new_model_name())
-            they_fail = not verdict["valid"]
+            they_fail = not bfcl_checks(entry, category, turns_of(task, entry, kept))
             both += we_fail and they_fail
             only_bfcl += they_fail and not we_fail
             only_ours += we_fail and not they_fail
     assert only_ours == 0 and both > 50, (both, only_bfcl, only_ours)
 
 
-def entry_dict(entry: Entry) -> dict[str, Any]:
-    return {
+def without_one_write(pack: Pack, task: EnvTask) -> Iterator[list[GoldCall]]:
+    """The gold calls less one write call, for each write call of the gold."""
+    for dropped in task.gold.calls:
+        if pack.tool(dropped.name).writes:
+            yield [c for c in task.gold.calls if c is not dropped]
+
+
+def bfcl_checks(entry: Entry, category: str, turns: list[list[str]]) -> bool:
+    """BFCL's verdict on a trajectory that made ``turns`` (each turn one step)."""
+    test_entry = {
         "id": entry.id,
         "initial_config": entry.initial_config,
         "involved_classes": entry.involved_classes,
     }
+    model = [[turn] for turn in turns]
+    return bool(
+        multi_turn_checker(model, entry.ground_truth, test_entry, category, new_model_name())["valid"]
+    )
 
 
 _checker_names: list[str] = []
