@@ -8,6 +8,7 @@ the server does, so every world, call log and gold replay below is the real thin
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import Any
 
@@ -170,6 +171,14 @@ TASKS = [
         [GoldCall("set_tags", {"user_id": "u1", "tags": ["vip", "eu"]})],
         reward_basis=["calls", "state"],
     ),
+    _task(  # a lookup that fails in the gold replay too (τ² has these): the agent must try it
+        "missing",
+        [
+            GoldCall("get_product", {"product_id": "p9"}, id="try"),
+            GoldCall("get_product", {"product_id": "p1"}),
+        ],
+        reward_basis=["calls"],
+    ),
 ]
 
 
@@ -224,7 +233,7 @@ def both(pack: Pack, task: EnvTask, world: World | None, request: VerifyRequest)
 # --------------------------------------------------------------------------- gold replay scores 1.0
 
 
-@pytest.mark.parametrize("task_id", ["single", "parallel", "multi", "tags"])
+@pytest.mark.parametrize("task_id", ["single", "parallel", "multi", "tags", "missing"])
 def test_gold_replay_scores_one_in_both_modes(pack: Pack, task_id: str) -> None:
     task = pack.task(task_id)
     world = run(pack, task, gold_calls(task))
@@ -241,6 +250,30 @@ def test_gold_replay_scores_one_in_both_modes(pack: Pack, task_id: str) -> None:
         expected = 0.0 if name in COUNTS or name == "penalty" else 1.0
         assert train.components[name] == expected, (name, train.details)
     assert len(train.details["matches"]) == len(task.gold.calls)
+
+
+def test_a_gold_call_that_fails_in_the_replay_is_matched_by_a_failing_call(pack: Pack) -> None:
+    task = pack.task("missing")
+    world = run(pack, task, gold_calls(task))
+    assert world.calls[0].error is not None  # p9 does not exist, in the replay as here
+    c = score(pack, task, world, trajectory(world, None)).components
+    assert c["completeness"] == 1.0 and c["failed_calls"] == 0.0 and c["penalty"] == 0.0
+    skipped = run(pack, task, gold_calls(task)[1:])
+    result = score(pack, task, skipped, trajectory(skipped, None))
+    assert result.components["completeness"] == 0.5
+    assert "'product_id' is 'p1', gold 'p9'" in result.details["unmatched"][0]["why"]
+
+
+def test_state_compares_by_value_across_copies_of_the_base(pack: Pack) -> None:
+    """A session world from a reloaded pack (another copy of the same initial state) is still compared."""
+    reloaded = Pack(PackInfo("shop-test"), TOOLS, copy.deepcopy(STATE), TASKS)
+    task = pack.task("single")
+    world = run(reloaded, task, gold_calls(task))
+    assert world.base is not pack.new_world(task).base
+    result = score(pack, task, world, trajectory(world, "o1"))
+    assert result.components["state"] == 1.0 and result.components["state_fraction"] == 1.0
+    wrong = run(reloaded, task, [("place_order", {"user_id": "u1", "product_id": "p1", "quantity": 1})])
+    assert score(pack, task, wrong, trajectory(wrong, "o1")).components["state"] == 0.0
 
 
 def test_gold_world_cache_is_per_pack_object() -> None:
@@ -541,6 +574,59 @@ def test_matching_budget_keeps_the_best_found() -> None:
     candidates = [[Candidate(i, i % 2 == 0) for i in range(n)] for _ in range(n)]
     result = match_calls(candidates, [[] for _ in range(n)], budget=50)
     assert not result.exact and result.matched_count == n  # the greedy first leaf is already complete
+
+
+@st.composite
+def matching_problems(draw: st.DrawFn) -> tuple[list[list[Candidate]], list[list[int]]]:
+    golds = draw(st.integers(0, 5))
+    calls = draw(st.integers(0, 6))
+    depends_on = [sorted(draw(st.sets(st.integers(0, g - 1), max_size=2))) if g else [] for g in range(golds)]
+    candidates = [
+        [
+            Candidate(c, draw(st.booleans()))
+            for c in sorted(draw(st.sets(st.integers(0, calls - 1), max_size=3)))
+        ]
+        if calls
+        else []
+        for _ in range(golds)
+    ]
+    return candidates, depends_on
+
+
+def _best_by_brute_force(candidates: list[list[Candidate]], depends_on: list[list[int]]) -> tuple[int, int]:
+    best = (0, 0)
+
+    def walk(g: int, chosen: list[Candidate | None]) -> None:
+        nonlocal best
+        if g == len(candidates):
+            solved = sum(1 for c in chosen if c is not None and c.solved)
+            best = max(best, (solved, sum(1 for c in chosen if c is not None)))
+            return
+        walk(g + 1, [*chosen, None])
+        for option in candidates[g]:
+            taken = {c.call for c in chosen if c is not None}
+            deps_ok = all(chosen[d] is not None and chosen[d].call < option.call for d in depends_on[g])
+            if option.call not in taken and deps_ok:
+                walk(g + 1, [*chosen, option])
+
+    walk(0, [])
+    return best
+
+
+@settings(max_examples=400, deadline=None)
+@given(problem=matching_problems())
+def test_matching_equals_brute_force(problem: tuple[list[list[Candidate]], list[list[int]]]) -> None:
+    """The search (with its dominance rules and one-pass case) finds the best (S, M) there is, and a valid matching."""
+    candidates, depends_on = problem
+    result = match_calls(candidates, depends_on)
+    assert (result.solved_count, result.matched_count) == _best_by_brute_force(candidates, depends_on)
+    taken = [c for c in result.calls if c >= 0]
+    assert len(taken) == len(set(taken))
+    for g, call in enumerate(result.calls):
+        if call >= 0:
+            option = next(o for o in candidates[g] if o.call == call)
+            assert option.solved == result.solved[g]
+            assert all(0 <= result.calls[d] < call for d in depends_on[g])
 
 
 # --------------------------------------------------------------------------- property tests

@@ -14,9 +14,10 @@ Components (floats in [0, 1] unless marked as a count):
   it (``task.tools``), and the arguments satisfy its ``input_schema``. Calls the server
   refused before they reached the world (a tool message with a ``name`` and no entry in
   ``world.calls``) count as invalid. 1.0 with no calls.
-- ``matched``: share of gold calls matched by a successful call with agreeing arguments
-  (``tool_use_values``: BFCL-style normalisation), one to one, in dependency order
-  (``tool_use_match``: an exact search, not a greedy guess).
+- ``matched``: share of gold calls matched by a call with agreeing arguments
+  (``tool_use_values``: BFCL-style normalisation) that succeeded — or failed, for a gold
+  call that fails in the gold replay too (τ² has lookups that are expected to fail) —
+  one to one, in dependency order (``tool_use_match``: an exact search, not a greedy guess).
 - FTRL's outcome measures (Ye et al. 2025, arXiv 2508.08791), with S = solved sub-goals
   (gold calls matched by a call whose output equals ``GoldCall.output`` when that is
   set), N = calls made, G = gold calls: ``precision`` = S/N, ``completeness`` = S/G,
@@ -40,7 +41,8 @@ Components (floats in [0, 1] unless marked as a count):
   whole words) in what the model wrote outside its tool calls. 1.0 when there are none.
 - ``extra_calls`` (count): calls made beyond the matched ones (N − M), refused and
   failed ones included; ``failed_calls`` (count): calls that ran and failed (an error in
-  ``world.calls``); ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
+  ``world.calls``), except those matched to a gold call that fails in the replay too;
+  ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
 
 Two combinations (``score``): ``mode="eval"`` is the product of the components the task
 names in ``task.reward_basis`` (τ²-style all or nothing; names are case-insensitive, and
@@ -132,6 +134,7 @@ class _TaskView:
     probes: dict[str, tuple[str, dict[str, list[int]]]] = field(default_factory=dict)
     facts: dict[tuple[str, bytes], tuple[str | None, tuple[int, ...]]] = field(default_factory=dict)
     gold_world: World | None = None
+    gold_fails: list[bool] = field(default_factory=list)  # gold calls that fail in the replay too
     gold_changed: frozenset[tuple[str, str]] | None = None
 
 
@@ -213,7 +216,10 @@ def _probes(
 
 def _gold_world(pack: Pack, task_view: _TaskView) -> World:
     if task_view.gold_world is None:
-        task_view.gold_world = pack.replay(task_view.task)  # deterministic: replayed once per task
+        world = pack.replay(task_view.task)  # deterministic: replayed once per task
+        # replay runs the gold calls in the order of task_view.golds (stable sort by depth)
+        task_view.gold_fails = [record.error is not None for record in world.calls]
+        task_view.gold_world = world
     return task_view.gold_world
 
 
@@ -386,12 +392,16 @@ def _candidates(
 ) -> list[list[Candidate]]:
     """For each gold call, the successful calls that may stand for it (and whether they solve it)."""
     out: list[list[Candidate]] = [[] for _ in task_view.golds]
+    fails = task_view.gold_fails
     for index, (call, (_, golds)) in enumerate(zip(calls, facts, strict=True)):
-        if call.error is not None:
-            continue  # only calls that succeeded can solve a sub-goal
+        failed = call.error is not None
         for g in golds:
+            if failed != fails[g]:
+                continue  # a failed call stands only for a gold call that fails in the replay too
             expected = task_view.golds[g].output
-            solved = expected is None or call.output == expected or same_value(call.output, expected)
+            solved = (
+                failed or expected is None or call.output == expected or same_value(call.output, expected)
+            )
             out[g].append(Candidate(index, solved))
     return out
 
@@ -410,11 +420,14 @@ def _why_unmatched(
         )
     properties = _properties(view.tools.get(gold.name))
     for i in same_name:
-        call = calls[i]
-        if call.error is None:
-            difference = argument_difference(call.arguments, gold.arguments, gold.compare, properties)
+        difference = argument_difference(calls[i].arguments, gold.arguments, gold.compare, properties)
+        if difference is not None:
             return f"call {i}: {difference}"
-    return f"every call to {gold.name} failed"
+    if task_view.gold_fails[g]:
+        return (
+            f"the gold call fails in the replay, but every call to {gold.name} with its arguments succeeded"
+        )
+    return f"every call to {gold.name} with its arguments failed"
 
 
 def _state_components(
@@ -496,6 +509,7 @@ def score(
     n_made = len(calls) + refused
     attempts = n_made + turns.parse_errors
     format_score = (n_made / attempts) if attempts else 1.0
+    _gold_world(pack, task_view)  # the replay also says which gold calls are expected to fail
     facts = [_call_facts(view, task_view, call) for call in calls]
     schema_problems = [
         {"call": i, "name": calls[i].name, "problem": problem}
@@ -524,7 +538,8 @@ def score(
                 {"gold": golds[g].id, "call": c, "output": calls[c].output, "gold_output": golds[g].output}
             )
     matched, solved = len(matches), len(solved_calls)
-    failed = [i for i, c in enumerate(calls) if c.error is not None]
+    used = set(matches.values())
+    failed = [i for i, c in enumerate(calls) if c.error is not None and i not in used]
     extra = n_made - matched
 
     precision = solved / n_made if n_made else (1.0 if gold_count == 0 else 0.0)
@@ -570,7 +585,6 @@ def score(
     else:
         combined = math.prod(components[name] for name in basis or ())
 
-    used = set(matches.values())
     details: dict[str, Any] = {
         "mode": mode,
         "counts": {"solved": solved, "matched": matched, "calls": n_made, "gold": gold_count},
