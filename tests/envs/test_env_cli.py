@@ -4,6 +4,7 @@ for pack tasks, read back with the trainer's own dataset loader."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,51 @@ def test_data_build_levels_prefix_and_errors(tmp_path: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 1 and "neither a pack directory" in missing.stderr
+
+
+def test_the_docs_example_pack_validates_and_serves(tmp_path: Path) -> None:
+    """docs/environments.md works as written: its pack directory validates and plays a bound task."""
+    import re
+    import uuid
+
+    import httpx
+
+    from protocol import decode_results
+    from tests.support.server import running_server
+
+    text = (REPO / "docs" / "environments.md").read_text()
+    blocks = re.findall(r"^(`{3,})\w*\n# file: (\S+)\n(.*?)^\1$", text, re.MULTILINE | re.DOTALL)
+    files = {name: body for _, name, body in blocks}
+    assert set(files) >= {"shop_tools.py", "my_shop/pack.yaml", "my_shop/state.json", "my_shop/tasks.jsonl"}
+    for name, body in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    validated = subprocess.run(
+        [sys.executable, "-m", "tool_server.cli", "env", "validate", "my_shop", "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    assert "2 of 2 tasks valid" in validated.stdout
+    config = {"environments": [{"path": str(tmp_path / "my_shop")}], "tools": []}
+    with running_server(config, env={"PYTHONPATH": f"{tmp_path}:{REPO}"}) as srv:
+        session = "s-" + uuid.uuid4().hex
+        environment = {"pack": "my_shop", "task": "new_order"}
+        opened = httpx.post(srv.url + "/v1/sessions", json={"session": session, "environment": environment})
+        assert opened.status_code == 201, opened.text
+        body = {
+            "calls": [
+                {
+                    "call_id": uuid.uuid4().hex,
+                    "name": "cancel_order",
+                    "arguments": {"order_id": "o7"},
+                    "session": session,
+                }
+            ]
+        }
+        (result,) = decode_results(httpx.post(srv.url + "/v1/calls", json=body, timeout=30).content)
+        assert not result.is_error and result.structured == {"status": "cancelled", "total": 5}

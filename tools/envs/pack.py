@@ -220,7 +220,13 @@ class EnvTask:
         gold = dict(values.pop("gold", {}) or {})
         gold["calls"] = [GoldCall(**c) for c in gold.get("calls", [])]
         values["gold"] = Gold(**gold)
-        values["complexity"] = Complexity(**(values.get("complexity") or {}))
+        complexity = values.get("complexity")
+        # Absent: what the gold calls give (a hand-written task line need not spell it out).
+        values["complexity"] = (
+            Complexity(**complexity)
+            if complexity
+            else Complexity.from_calls(gold["calls"], distractors=len(values.get("distractors") or ()))
+        )
         return cls(**values)
 
 
