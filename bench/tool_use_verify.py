@@ -6,7 +6,8 @@ trajectories on one core. The trivial verifier (``exact_match`` on the final ans
 what a plain QA reward costs) runs on the same requests, side by side, so the ratio
 says what the fine-grained reward costs on top of an answer check.
 
-Setup (not timed): a shop pack (products, users, orders; 4 tools, 2 of them writes),
+Setup (not timed): a shop pack (products, users, orders; the 4 tools of
+``tests/envs/tool_use_shop.py``, 2 of them writes, over 200 products and 50 users),
 20 tasks of 8 gold calls each (a user lookup, three parallel product lookups that
 depend on it, two orders that depend on those, a tag update, one more read), and for
 each task 10 trajectories of 10 calls run through ``Pack.call`` on fresh worlds, the
@@ -42,92 +43,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from protocol import ToolError, VerifyRequest  # noqa: E402
-from tools.envs.pack import EnvTask, EnvTool, Gold, GoldCall, Pack, PackInfo, call_depths  # noqa: E402
+from tests.envs.tool_use_shop import TOOLS  # noqa: E402
+from tools.envs.pack import EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths  # noqa: E402
 from tools.envs.world import World  # noqa: E402
 from tools.verifiers import tool_use  # noqa: E402
 from tools.verifiers.match import exact_match  # noqa: E402
 
 Case = tuple[Pack, EnvTask, World, VerifyRequest]
-
-
-def get_product(world: World, product_id: str) -> dict[str, Any]:
-    product = world["products"].peek(product_id)
-    if product is None:
-        raise ToolError(f"no product {product_id}")
-    return {"product_id": product_id, **product}
-
-
-def get_user(world: World, user_id: str, fields: list[str] | None = None) -> dict[str, Any]:
-    user = world["users"].peek(user_id)
-    if user is None:
-        raise ToolError(f"no user {user_id}")
-    return {"user_id": user_id, **user}
-
-
-def place_order(world: World, user_id: str, product_id: str, quantity: int, note: str = "") -> dict[str, Any]:
-    product = world["products"][product_id]
-    if product["stock"] < quantity:
-        raise ToolError(f"only {product['stock']} of {product_id} left")
-    product["stock"] -= quantity
-    order_id = f"o{len(world['orders']) + 1}"
-    world["orders"][order_id] = {"user_id": user_id, "product_id": product_id, "quantity": quantity}
-    return {"order_id": order_id, "total": product["price"] * quantity}
-
-
-def set_tags(world: World, user_id: str, tags: list[str]) -> str:
-    world["users"][user_id]["tags"] = sorted(tags)
-    return "ok"
-
-
-def _object(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-TOOLS = [
-    EnvTool(
-        "get_product",
-        "Look up a product.",
-        _object({"product_id": {"type": "string"}}, ["product_id"]),
-        get_product,
-    ),
-    EnvTool(
-        "get_user",
-        "Look up a user.",
-        _object(
-            {"user_id": {"type": "string"}, "fields": {"type": "array", "items": {"type": "string"}}},
-            ["user_id"],
-        ),
-        get_user,
-    ),
-    EnvTool(
-        "place_order",
-        "Order a product.",
-        _object(
-            {
-                "user_id": {"type": "string"},
-                "product_id": {"type": "string"},
-                "quantity": {"type": "integer", "minimum": 1},
-                "note": {"type": "string", "default": ""},
-            },
-            ["user_id", "product_id", "quantity"],
-        ),
-        place_order,
-        writes=True,
-    ),
-    EnvTool(
-        "set_tags",
-        "Replace a user's tags.",
-        _object(
-            {
-                "user_id": {"type": "string"},
-                "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
-            },
-            ["user_id", "tags"],
-        ),
-        set_tags,
-        writes=True,
-    ),
-]
 
 
 def make_pack(rng: random.Random, tasks: int) -> Pack:
