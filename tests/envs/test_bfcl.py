@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
+import inspect
 import json
+import random
 import re
 import uuid
 from collections.abc import Iterator, Sequence
@@ -38,13 +41,14 @@ from bfcl_eval.utils import populate_test_cases_with_predefined_functions  # noq
 from protocol import ErrorKind, ToolError, VerifyRequest, decode_results  # noqa: E402
 from tests.support.server import ServerProcess, running_server, server_config  # noqa: E402
 from tools.envs import bfcl  # noqa: E402
-from tools.envs.bfcl_data import CATEGORIES, Entry, entries, parse_call  # noqa: E402
-from tools.envs.bfcl_state import comparable, load_instance  # noqa: E402
+from tools.envs.bfcl_data import CATEGORIES, Entry, entries, function_docs, parse_call  # noqa: E402
+from tools.envs.bfcl_state import api_class, comparable, load_instance  # noqa: E402
 from tools.envs.pack import EnvTask, GoldCall, Pack  # noqa: E402
 from tools.envs.world import World  # noqa: E402
 from tools.verifiers.tool_use import score  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
+OWNER = {doc["name"]: name for name, docs in function_docs().items() for doc in docs}  # function -> class
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +312,50 @@ def test_broken_trajectories_fail_the_same_way_in_both(
     assert (error_mismatch, state_mismatch) == (0, [])
 
 
+def test_random_trajectories_fail_and_end_the_same_way_in_both(
+    packs: dict[str, Pack], bfcl_entries: dict[str, dict[str, Entry]]
+) -> None:
+    """Eight calls per task drawn from all gold calls of its tools (seeded): wrong ids, missing
+    files, calls before a login. Errors, results and final states still agree with BFCL's."""
+    category = "multi_turn_base"
+    pack = packs[category]
+    pool: dict[str, list[GoldCall]] = {}
+    for task in pack.tasks:
+        for call in task.gold.calls:
+            pool.setdefault(call.name, []).append(call)
+    rng = random.Random(7)
+    calls = failures = error_mismatch = output_mismatch = 0
+    state_mismatch = []
+    for task in pack.tasks:
+        entry = bfcl_entries[category][task.id]
+        names = [name for name in task.tools or () if name in pool]
+        drawn = [rng.choice(pool[rng.choice(names)]) for _ in range(8)]
+        ours = run_ours(pack, task, drawn)
+        theirs = run_bfcl(entry, category, [[written_out(c) for c in drawn]])
+        for record, result in zip(ours.calls, theirs.results, strict=True):
+            calls += 1
+            failures += record.error is not None
+            error_mismatch += (record.error is not None) != bfcl_failed(result)
+            output_mismatch += record.error is None and record.output != bfcl_value(result)
+        if not state_checker(our_instances(ours, entry), theirs.instances)["valid"]:
+            state_mismatch.append(task.id)
+    assert calls == 1600 and failures > 300
+    assert (error_mismatch, output_mismatch, state_mismatch) == (0, 0, [])
+
+
+def written_out(call: GoldCall) -> str:
+    """``call`` as a BFCL string with every default written out.
+
+    post_tweet's ``mentions=[]`` default is one list for the whole process, and mention
+    extends it, so BFCL's results depend on what ran before; ours get fresh defaults.
+    """
+    method = getattr(api_class(OWNER[call.name]), call.name)
+    bound = inspect.signature(method).bind(None, **call.arguments)  # None: self
+    bound.apply_defaults()
+    arguments = {k: copy.deepcopy(v) for k, v in list(bound.arguments.items())[1:]}
+    return f"{call.name}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+
 @pytest.mark.parametrize("category", CATEGORIES)
 def test_a_missing_write_is_caught_by_both_state_checks(
     packs: dict[str, Pack], bfcl_entries: dict[str, dict[str, Entry]], category: str
@@ -441,6 +489,26 @@ def test_sessions_are_isolated_and_outputs_detached(packs: dict[str, Pack]) -> N
     assert shown == live
     live["status"] = "changed by a later call"
     assert world.calls[-1].output == shown != live  # the logged output is not the live ticket
+
+
+def test_sessions_never_share_a_default_argument(packs: dict[str, Pack]) -> None:
+    """post_tweet's default ``mentions=[]`` is one list for the process: a session's mention
+    must not show up in another session's tweet."""
+    pack = packs["multi_turn_base"]
+    task = next(t for t in pack.tasks if t.state_patch[bfcl.TABLE].get("TwitterAPI", {}).get("config"))
+    login = task.state_patch[bfcl.TABLE]["TwitterAPI"]["config"]
+    tweets = []
+    for mention in (["@someone"], None):
+        world = pack.new_world(task)
+        pack.call(
+            world, "authenticate_twitter", {"username": login["username"], "password": login["password"]}
+        )
+        tweet = pack.call(world, "post_tweet", {"content": "hello"})
+        if mention:
+            pack.call(world, "mention", {"tweet_id": tweet["id"], "mentioned_usernames": mention})
+            assert pack.call(world, "get_tweet", {"tweet_id": tweet["id"]})["mentions"] == mention
+        tweets.append(tweet)
+    assert tweets[1]["mentions"] == []
 
 
 def test_refusals_exceptions_and_bad_arguments_are_tool_errors(

@@ -137,14 +137,15 @@ def _method_call(class_name: str, method_name: str) -> Callable[..., Any]:
             )
         method = getattr(table[class_name], method_name)
         try:
-            inspect.signature(method).bind(**arguments)
+            bound = inspect.signature(method).bind(**arguments)
         except TypeError as exc:
             raise ToolError(f"{method_name}: {exc}", ErrorKind.INVALID_ARGUMENTS) from None
-        # a copy: methods keep what they are given (post_tweet stores its mentions list, and
-        # mention later extends it), which must not be the caller's (a gold call's) list
-        arguments = copy.deepcopy(arguments)
+        # Copies, defaults included: methods keep what they are given (post_tweet stores its
+        # mentions list, which mention later extends), and that must be neither the caller's
+        # list (a gold call's) nor post_tweet's default [], which every session shares.
+        bound.apply_defaults()
         try:
-            result = method(**arguments)
+            result = method(**copy.deepcopy(bound.arguments))
         except Exception as exc:  # BFCL reports these as "Error during execution"
             raise ToolError(f"{method_name}: {type(exc).__name__}: {exc}", ErrorKind.TOOL_ERROR) from None
         refusal = _refusal(result)
