@@ -13,7 +13,7 @@ from typing import Any
 
 from tools.envs.pack import EnvTool
 from tools.envs.procedural import names
-from tools.envs.procedural.compose import Context, Step, gold
+from tools.envs.procedural.compose import Context, Step, field, gold, lookups, over_pair
 from tools.envs.procedural.kit import MAX_RESULTS, integer, matches, money, need, number, obj, refuse, string
 from tools.envs.world import World
 
@@ -290,7 +290,7 @@ def balance_of(ctx: Context) -> Step | None:
         [gold("get_balance", {"account_id": aid}, "a")],
         f"What is the balance of account {aid}?",
         answer=_eur(a["balance"]),
-        derive={"op": "field", "call": "a", "id": aid, "field": "balance"},
+        derive=field("a", aid, "balance"),
     )
 
 
@@ -304,7 +304,7 @@ def status_of(ctx: Context) -> Step | None:
         [gold("get_balance", {"account_id": aid}, "a")],
         f"Is account {aid} open or frozen?",
         answer=a["status"],
-        derive={"op": "field", "call": "a", "id": aid, "field": "status"},
+        derive=field("a", aid, "status"),
     )
 
 
@@ -351,42 +351,32 @@ def freeze_by_id(ctx: Context) -> Step | None:
     return Step("freeze_by_id", [gold("freeze_account", args, "a")], ask, writes=True, scaling=scaling)
 
 
-def _two_accounts(ctx: Context) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]] | None:
-    first = ctx.pick("accounts")
-    second = ctx.pick("accounts", lambda a: first is not None and a["balance"] != first[1]["balance"])
-    return None if first is None or second is None else (first, second)
-
-
-def _balance(call: str, aid: str) -> dict[str, Any]:
-    return {"op": "field", "call": call, "id": aid, "field": "balance"}
-
-
 def combined_balance(ctx: Context) -> Step | None:
-    pair = _two_accounts(ctx)
+    pair = ctx.pick_two("accounts", differ="balance")
     if pair is None:
         return None
     (a, ra), (b, rb) = pair
     return Step(
         "combined_balance",
-        [gold("get_balance", {"account_id": a}, "a"), gold("get_balance", {"account_id": b}, "b")],
+        lookups("get_balance", "account_id", a, b),
         f"What is the combined balance of accounts {a} and {b}?",
         answer=_eur(ra["balance"] + rb["balance"]),
-        derive={"op": "sum", "of": [_balance("a", a), _balance("b", b)]},
+        derive=over_pair("sum", "balance", (a, b)),
         communicate=[_eur(ra["balance"]), _eur(rb["balance"])],
     )
 
 
 def richer(ctx: Context) -> Step | None:
-    pair = _two_accounts(ctx)
+    pair = ctx.pick_two("accounts", differ="balance")
     if pair is None:
         return None
     (a, ra), (b, rb) = pair
     return Step(
         "richer",
-        [gold("get_balance", {"account_id": a}, "a"), gold("get_balance", {"account_id": b}, "b")],
+        lookups("get_balance", "account_id", a, b),
         f"Which account holds more money, {a} or {b}?",
         answer=a if ra["balance"] > rb["balance"] else b,
-        derive={"op": "argmax", "of": [_balance("a", a), _balance("b", b)], "labels": [a, b]},
+        derive=over_pair("argmax", "balance", (a, b), [a, b]),
         communicate=[_eur(ra["balance"]), _eur(rb["balance"])],
     )
 
@@ -414,7 +404,7 @@ def balance_by_owner(ctx: Context) -> Step | None:
         [find, gold("get_balance", {"account_id": aid}, "get", after=["find"])],
         f"What is the balance of {_owned(a)}?",
         answer=_eur(a["balance"]),
-        derive=_balance("get", aid),
+        derive=field("get", aid, "balance"),
         scaling=scaling,
     )
 

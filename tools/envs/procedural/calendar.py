@@ -13,7 +13,7 @@ from typing import Any
 
 from tools.envs.pack import EnvTool
 from tools.envs.procedural import names
-from tools.envs.procedural.compose import Context, Step, gold
+from tools.envs.procedural.compose import Context, Step, field, gold, lookups, over_pair
 from tools.envs.procedural.kit import MAX_RESULTS, array, matches, need, next_id, obj, refuse, string
 from tools.envs.world import World
 
@@ -294,10 +294,6 @@ def _events_of(ctx: Context, pid: str, date: str | None = None) -> list[dict[str
     ]
 
 
-def _field(call: str, id_: str, name: str) -> dict[str, Any]:
-    return {"op": "field", "call": call, "id": id_, "field": name}
-
-
 def event_start(ctx: Context) -> Step | None:
     picked = ctx.pick("events")
     if picked is None:
@@ -308,7 +304,7 @@ def event_start(ctx: Context) -> Step | None:
         [gold("get_event", {"event_id": eid}, "a")],
         f"At what time does meeting {eid} start?",
         answer=e["start"],
-        derive=_field("a", eid, "start"),
+        derive=field("a", eid, "start"),
     )
 
 
@@ -322,7 +318,7 @@ def room_capacity(ctx: Context) -> Step | None:
         [gold("find_room", {"name": r["name"]}, "a", compare=[])],
         f"How many people fit in the {r['name']}?",
         answer=str(r["capacity"]),
-        derive=_field("a", rid, "capacity"),
+        derive=field("a", rid, "capacity"),
     )
 
 
@@ -415,48 +411,32 @@ def book_by_id(ctx: Context) -> Step | None:
     )
 
 
-def _two_rooms(ctx: Context) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]] | None:
-    first = ctx.pick("rooms")
-    second = ctx.pick("rooms", lambda r: first is not None and r["capacity"] != first[1]["capacity"])
-    return None if first is None or second is None else (first, second)
-
-
 def total_capacity(ctx: Context) -> Step | None:
-    pair = _two_rooms(ctx)
+    pair = ctx.pick_two("rooms", differ="capacity")
     if pair is None:
         return None
     (a, ra), (b, rb) = pair
     return Step(
         "total_capacity",
-        [
-            gold("find_room", {"name": ra["name"]}, "a", compare=[]),
-            gold("find_room", {"name": rb["name"]}, "b", compare=[]),
-        ],
+        lookups("find_room", "name", ra["name"], rb["name"], compare=[]),
         f"How many people fit in the {ra['name']} and the {rb['name']} together?",
         answer=str(ra["capacity"] + rb["capacity"]),
-        derive={"op": "sum", "of": [_field("a", a, "capacity"), _field("b", b, "capacity")]},
+        derive=over_pair("sum", "capacity", (a, b)),
         communicate=[str(ra["capacity"]), str(rb["capacity"])],
     )
 
 
 def bigger_room(ctx: Context) -> Step | None:
-    pair = _two_rooms(ctx)
+    pair = ctx.pick_two("rooms", differ="capacity")
     if pair is None:
         return None
     (a, ra), (b, rb) = pair
     return Step(
         "bigger_room",
-        [
-            gold("find_room", {"name": ra["name"]}, "a", compare=[]),
-            gold("find_room", {"name": rb["name"]}, "b", compare=[]),
-        ],
+        lookups("find_room", "name", ra["name"], rb["name"], compare=[]),
         f"Which room is bigger, the {ra['name']} or the {rb['name']}?",
         answer=ra["name"] if ra["capacity"] > rb["capacity"] else rb["name"],
-        derive={
-            "op": "argmax",
-            "of": [_field("a", a, "capacity"), _field("b", b, "capacity")],
-            "labels": [ra["name"], rb["name"]],
-        },
+        derive=over_pair("argmax", "capacity", (a, b), [ra["name"], rb["name"]]),
         communicate=[str(ra["capacity"]), str(rb["capacity"])],
     )
 

@@ -33,7 +33,18 @@ from typing import Any
 
 from tools.envs.pack import SCALING_OPERATIONS, Complexity, EnvTask, Gold, GoldCall
 
-__all__ = ["Context", "Options", "Step", "compose_task", "derive_answer", "gold", "output_records"]
+__all__ = [
+    "Context",
+    "Options",
+    "Step",
+    "compose_task",
+    "derive_answer",
+    "field",
+    "gold",
+    "lookups",
+    "output_records",
+    "over_pair",
+]
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,9 @@ class Step:
     scaling: list[str] = field(default_factory=list)
 
 
+Picked = tuple[str, dict[str, Any]]  # a record's key and the record
+
+
 @dataclass
 class Context:
     """What a step function builds from: the task's state, a seeded rng, the options."""
@@ -93,9 +107,7 @@ class Context:
         self.taken |= wanted
         return True
 
-    def pick(
-        self, table: str, where: Callable[[dict[str, Any]], bool] | None = None
-    ) -> tuple[str, dict[str, Any]] | None:
+    def pick(self, table: str, where: Callable[[dict[str, Any]], bool] | None = None) -> Picked | None:
         """A record of ``table`` not yet claimed (patched ones first, half of the time), claimed."""
         rows = self.state[table]
         keys = [k for k in rows if f"{table}:{k}" not in self.taken and (where is None or where(rows[k]))]
@@ -105,6 +117,14 @@ class Context:
         key = self.rng.choice(focused if focused and self.rng.random() < 0.5 else keys)
         self.claim(table, key)
         return key, rows[key]
+
+    def pick_two(self, table: str, differ: str) -> tuple[Picked, Picked] | None:
+        """Two records of ``table`` whose ``differ`` field differs (a pair question has one answer)."""
+        first = self.pick(table)
+        if first is None:
+            return None
+        second = self.pick(table, lambda r: r[differ] != first[1][differ])
+        return None if second is None else (first, second)
 
     def expand(self) -> bool:
         """Whether this step uses its optional parameters (parameter expansion)."""
@@ -264,3 +284,27 @@ def gold(
 ) -> GoldCall:
     """A gold call of a step (``after``: the step's calls whose outputs it needs)."""
     return GoldCall(name, arguments, id, list(after), compare)
+
+
+def lookups(
+    tool: str, argument: str, first: str, second: str, compare: list[str] | None = None
+) -> list[GoldCall]:
+    """Two independent calls of ``tool`` (ids ``a`` and ``b``): the calls of a pair step."""
+    return [
+        gold(tool, {argument: first}, "a", compare=compare),
+        gold(tool, {argument: second}, "b", compare=compare),
+    ]
+
+
+def field(call: str, record_id: str, name: str) -> dict[str, Any]:
+    """Answer spec: ``name`` of the record ``record_id`` in the output of ``call``."""
+    return {"op": "field", "call": call, "id": record_id, "field": name}
+
+
+def over_pair(op: str, name: str, ids: tuple[str, str], labels: list[str] | None = None) -> dict[str, Any]:
+    """Answer spec over a pair step: ``op`` (sum, argmin, argmax) of field ``name`` of records
+    ``ids`` in the outputs of calls ``a`` and ``b``; argmin/argmax answer with ``labels``."""
+    spec: dict[str, Any] = {"op": op, "of": [field("a", ids[0], name), field("b", ids[1], name)]}
+    if labels is not None:
+        spec["labels"] = labels
+    return spec

@@ -14,7 +14,7 @@ from typing import Any
 
 from tools.envs.pack import EnvTool
 from tools.envs.procedural import names
-from tools.envs.procedural.compose import Context, Step, gold
+from tools.envs.procedural.compose import Context, Step, field, gold, lookups, over_pair
 from tools.envs.procedural.kit import (
     MAX_RESULTS,
     boolean,
@@ -345,7 +345,7 @@ def copies_available(ctx: Context) -> Step | None:
         [gold("search_books", args, "a", compare=[])],
         ask,
         answer=str(b["available"]),
-        derive={"op": "field", "call": "a", "id": bid, "field": "available"},
+        derive=field("a", bid, "available"),
         scaling=scaling,
     )
 
@@ -360,7 +360,7 @@ def author_of(ctx: Context) -> Step | None:
         [gold("search_books", {"query": b["title"]}, "a", compare=[])],
         f"Who wrote '{b['title']}'?",
         answer=b["author"],
-        derive={"op": "field", "call": "a", "id": bid, "field": "author"},
+        derive=field("a", bid, "author"),
     )
 
 
@@ -374,7 +374,7 @@ def year_of(ctx: Context) -> Step | None:
         [gold("get_book", {"book_id": bid}, "a")],
         f"In which year was book {bid} published?",
         answer=str(b["year"]),
-        derive={"op": "field", "call": "a", "id": bid, "field": "year"},
+        derive=field("a", bid, "year"),
     )
 
 
@@ -444,52 +444,32 @@ def checkout_by_ids(ctx: Context) -> Step | None:
     )
 
 
-def _two_books(ctx: Context) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]] | None:
-    first = ctx.pick("books")
-    second = ctx.pick("books", lambda b: first is not None and b["year"] != first[1]["year"])
-    return None if first is None or second is None else (first, second)
-
-
-def _field(call: str, id_: str, name: str) -> dict[str, Any]:
-    return {"op": "field", "call": call, "id": id_, "field": name}
-
-
 def total_available(ctx: Context) -> Step | None:
-    pair = _two_books(ctx)
+    pair = ctx.pick_two("books", differ="year")
     if pair is None:
         return None
     (a, ba), (b, bb) = pair
     return Step(
         "total_available",
-        [
-            gold("search_books", {"query": ba["title"]}, "a", compare=[]),
-            gold("search_books", {"query": bb["title"]}, "b", compare=[]),
-        ],
+        lookups("search_books", "query", ba["title"], bb["title"], compare=[]),
         f"How many copies of '{ba['title']}' and '{bb['title']}' are available in total?",
         answer=str(ba["available"] + bb["available"]),
-        derive={"op": "sum", "of": [_field("a", a, "available"), _field("b", b, "available")]},
+        derive=over_pair("sum", "available", (a, b)),
         communicate=[str(ba["available"]), str(bb["available"])],
     )
 
 
 def older(ctx: Context) -> Step | None:
-    pair = _two_books(ctx)
+    pair = ctx.pick_two("books", differ="year")
     if pair is None:
         return None
     (a, ba), (b, bb) = pair
     return Step(
         "older",
-        [
-            gold("search_books", {"query": ba["title"]}, "a", compare=[]),
-            gold("search_books", {"query": bb["title"]}, "b", compare=[]),
-        ],
+        lookups("search_books", "query", ba["title"], bb["title"], compare=[]),
         f"Which book is older, '{ba['title']}' or '{bb['title']}'?",
         answer=ba["title"] if ba["year"] < bb["year"] else bb["title"],
-        derive={
-            "op": "argmin",
-            "of": [_field("a", a, "year"), _field("b", b, "year")],
-            "labels": [ba["title"], bb["title"]],
-        },
+        derive=over_pair("argmin", "year", (a, b), [ba["title"], bb["title"]]),
         communicate=[str(ba["year"]), str(bb["year"])],
     )
 
@@ -556,7 +536,7 @@ def due_date(ctx: Context) -> Step | None:
         ],
         f"When is '{loan['title']}' due back from {member['name']}? Give the date as YYYY-MM-DD.",
         answer=loan["due"],
-        derive=_field("list", loan["id"], "due"),
+        derive=field("list", loan["id"], "due"),
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from tools.envs.pack import EnvTool
 from tools.envs.procedural import names
-from tools.envs.procedural.compose import Context, Step, gold
+from tools.envs.procedural.compose import Context, Step, field, gold, lookups, over_pair
 from tools.envs.procedural.kit import (
     MAX_RESULTS,
     array,
@@ -323,7 +323,7 @@ def stock_of(ctx: Context) -> Step | None:
         [gold("search_products", args, "a", compare=[])],
         ask,
         answer=str(p["stock"]),
-        derive={"op": "field", "call": "a", "id": pid, "field": "stock"},
+        derive=field("a", pid, "stock"),
         scaling=scaling,
     )
 
@@ -338,7 +338,7 @@ def price_of(ctx: Context) -> Step | None:
         [gold("search_products", {"query": p["name"]}, "a", compare=[])],
         f"What is the price of '{p['name']}'?",
         answer=f"{p['price']:.2f}",
-        derive={"op": "field", "call": "a", "id": pid, "field": "price"},
+        derive=field("a", pid, "price"),
     )
 
 
@@ -352,7 +352,7 @@ def order_status(ctx: Context) -> Step | None:
         [gold("get_order", {"order_id": oid}, "a")],
         f"What is the status of order {oid}?",
         answer=o["status"],
-        derive={"op": "field", "call": "a", "id": oid, "field": "status"},
+        derive=field("a", oid, "status"),
     )
 
 
@@ -407,59 +407,32 @@ def order_by_ids(ctx: Context) -> Step | None:
     )
 
 
-def _two_products(ctx: Context) -> tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]] | None:
-    first = ctx.pick("products")
-    second = ctx.pick("products", lambda p: first is not None and p["price"] != first[1]["price"])
-    if first is None or second is None:
-        return None
-    return first, second
-
-
 def total_stock(ctx: Context) -> Step | None:
-    pair = _two_products(ctx)
+    pair = ctx.pick_two("products", differ="price")
     if pair is None:
         return None
     (a, pa), (b, pb) = pair
     return Step(
         "total_stock",
-        [
-            gold("search_products", {"query": pa["name"]}, "a", compare=[]),
-            gold("search_products", {"query": pb["name"]}, "b", compare=[]),
-        ],
+        lookups("search_products", "query", pa["name"], pb["name"], compare=[]),
         f"How many units of '{pa['name']}' and '{pb['name']}' are in stock together?",
         answer=str(pa["stock"] + pb["stock"]),
-        derive={
-            "op": "sum",
-            "of": [
-                {"op": "field", "call": "a", "id": a, "field": "stock"},
-                {"op": "field", "call": "b", "id": b, "field": "stock"},
-            ],
-        },
+        derive=over_pair("sum", "stock", (a, b)),
         communicate=[str(pa["stock"]), str(pb["stock"])],
     )
 
 
 def cheaper(ctx: Context) -> Step | None:
-    pair = _two_products(ctx)
+    pair = ctx.pick_two("products", differ="price")
     if pair is None:
         return None
     (a, pa), (b, pb) = pair
     return Step(
         "cheaper",
-        [
-            gold("search_products", {"query": pa["name"]}, "a", compare=[]),
-            gold("search_products", {"query": pb["name"]}, "b", compare=[]),
-        ],
+        lookups("search_products", "query", pa["name"], pb["name"], compare=[]),
         f"Which is cheaper, '{pa['name']}' or '{pb['name']}'?",
         answer=pa["name"] if pa["price"] < pb["price"] else pb["name"],
-        derive={
-            "op": "argmin",
-            "of": [
-                {"op": "field", "call": "a", "id": a, "field": "price"},
-                {"op": "field", "call": "b", "id": b, "field": "price"},
-            ],
-            "labels": [pa["name"], pb["name"]],
-        },
+        derive=over_pair("argmin", "price", (a, b), [pa["name"], pb["name"]]),
         communicate=[f"{pa['price']:.2f}", f"{pb['price']:.2f}"],
     )
 
