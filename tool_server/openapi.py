@@ -99,6 +99,7 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "Malformed body",
         401: "Missing or bad token",
         404: "Not found",
+        409: "Conflict: the session id is taken, or the session already plays another task",
         413: "Body or batch too large",
         429: "Overloaded; retry after Retry-After seconds",
         503: "Not ready",
