@@ -387,6 +387,9 @@ def test_communicate_needs_whole_words(pack: Pack) -> None:
     said.messages.append({"role": "assistant", "content": "That is 25 in total."})
     not_said = trajectory(world, "o1")
     not_said.messages.append({"role": "assistant", "content": "That is 250 in total."})
+    # inside a tool call (closed or cut off) is not telling the user
+    not_said.messages.append({"role": "assistant", "content": '<tool_call>{"note": "25"}</tool_call>'})
+    not_said.messages.append({"role": "assistant", "content": 'Hm. <tool_call>{"note": "25 <b>"'})
     assert score(pack, task, world, said).components["communicate"] == 1.0
     result = score(pack, task, world, not_said)
     assert result.components["communicate"] == 0.0 and result.details["communicate_missing"] == ["25"]
