@@ -511,6 +511,36 @@ def test_sessions_never_share_a_default_argument(packs: dict[str, Pack]) -> None
     assert tweets[1]["mentions"] == []
 
 
+def test_two_sessions_share_no_mutable_object(packs: dict[str, Pack]) -> None:
+    """Long-context TravelAPI merges cards and bookings from module-level tables: by reference
+    in BFCL, so one session's charge would show in every other's."""
+    for category in ("multi_turn_base", "multi_turn_long_context"):
+        for task in packs[category].tasks:
+            for record in task.state_patch[bfcl.TABLE].values():
+                assert (
+                    not mutable_parts(load_instance(record)).keys()
+                    & mutable_parts(load_instance(record)).keys()
+                )
+
+
+def mutable_parts(value: Any, out: dict[int, Any] | None = None) -> dict[int, Any]:
+    """Every list, dict, set and object reachable from ``value``, by id."""
+    out = {} if out is None else out
+    if id(value) in out or isinstance(value, str | int | float | bool | type(None) | tuple):
+        return out
+    out[id(value)] = value
+    if isinstance(value, dict):
+        for item in value.values():
+            mutable_parts(item, out)
+    elif isinstance(value, list | set):
+        for item in value:
+            mutable_parts(item, out)
+    elif hasattr(value, "__dict__"):
+        for item in vars(value).values():
+            mutable_parts(item, out)
+    return out
+
+
 def test_refusals_exceptions_and_bad_arguments_are_tool_errors(
     packs: dict[str, Pack], bfcl_entries: dict[str, dict[str, Entry]]
 ) -> None:

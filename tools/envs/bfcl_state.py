@@ -45,7 +45,9 @@ def load_instance(record: dict[str, Any]) -> Any:
     instance = api_class(record["class"])()
     if record["class"] not in STATELESS_CLASSES:
         instance._load_scenario(copy.deepcopy(record["config"]), long_context=record["long_context"])
-    return instance
+    # Long-context TravelAPI adds cards and bookings straight from its module's tables; a
+    # copy keeps one session's writes to them out of every other session (and the module).
+    return copy.deepcopy(instance)
 
 
 def copy_record(record: Any) -> Any:
