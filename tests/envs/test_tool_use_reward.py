@@ -23,7 +23,7 @@ from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, Pack, PackInfo
 from tools.envs.world import World
 from tools.verifiers.tool_use import COMPONENTS, DEFAULT_WEIGHTS, score
 from tools.verifiers.tool_use_match import Candidate, match_calls
-from tools.verifiers.tool_use_schema import compile_schema
+from tools.verifiers.tool_use_schema import compile_schema, schema_problem
 from tools.verifiers.tool_use_values import argument_difference, same_value, standardize
 
 COUNTS = {"extra_calls", "failed_calls"}
@@ -650,6 +650,12 @@ def _schemas() -> st.SearchStrategy[dict[str, Any]]:
 def test_compiled_schemas_agree_with_jsonschema(schema: dict[str, Any], instance: Any) -> None:
     expected = jsonschema.Draft202012Validator(schema).is_valid(instance)
     assert compile_schema(schema)(instance) is expected
+
+
+def test_a_broken_schema_fails_calls_instead_of_crashing() -> None:
+    schema = {"type": "object", "properties": {"x": {"type": "colour"}}}
+    assert compile_schema(schema)({"x": 1}) is False
+    assert "unknown type 'colour'" in schema_problem(schema, {"x": 1})
 
 
 def test_schemas_outside_the_subset_use_jsonschema() -> None:

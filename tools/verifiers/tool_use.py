@@ -149,6 +149,9 @@ class _PackView:
     tasks: dict[str, _TaskView] = field(default_factory=dict)
 
 
+# Keyed by id(pack) and checked against a weak reference, so a reloaded pack with the same
+# id is never scored against a stale gold world. Shared by the server's worker threads: a
+# race can only compute an entry twice (the replay is deterministic), never mix two up.
 _PACKS: dict[int, _PackView] = {}
 
 

@@ -208,8 +208,16 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
     try:
         return _compile(schema)
     except _Unsupported:
-        validator = _validator(schema)
-        return validator.is_valid
+        pass
+    validator = _validator(schema)
+
+    def is_valid(arguments: Any) -> bool:
+        try:
+            return validator.is_valid(arguments)
+        except (jsonschema.SchemaError, jsonschema.exceptions.UnknownType):
+            return False  # a broken schema fails every call; schema_problem says why
+
+    return is_valid
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
@@ -223,6 +231,8 @@ def schema_problem(schema: Mapping[str, Any], arguments: Any) -> str:
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(arguments))
     except jsonschema.SchemaError as exc:
         return f"the tool's input schema is invalid: {exc.message}"
+    except jsonschema.exceptions.UnknownType as exc:
+        return f"the tool's input schema is invalid: unknown type {exc.type!r}"
     if error is None:
         return "arguments do not match the input schema"
     where = "/".join(str(p) for p in error.absolute_path)
