@@ -16,6 +16,7 @@ import inspect
 import json
 import random
 import re
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -514,13 +515,42 @@ def test_sessions_never_share_a_default_argument(packs: dict[str, Pack]) -> None
 def test_two_sessions_share_no_mutable_object(packs: dict[str, Pack]) -> None:
     """Long-context TravelAPI merges cards and bookings from module-level tables: by reference
     in BFCL, so one session's charge would show in every other's."""
-    for category in ("multi_turn_base", "multi_turn_long_context"):
-        for task in packs[category].tasks:
+    for pack in packs.values():
+        for task in pack.tasks:
             for record in task.state_patch[bfcl.TABLE].values():
                 assert (
                     not mutable_parts(load_instance(record)).keys()
                     & mutable_parts(load_instance(record)).keys()
                 )
+
+
+def test_sessions_leave_bfcls_module_data_and_defaults_alone(packs: dict[str, Pack]) -> None:
+    """What every session shares (module tables, default arguments) is the same after all the gold."""
+
+    def shared() -> Any:
+        modules = {name: sys.modules[api_class(name).__module__] for name in OWNER.values()}
+        tables = {
+            (module.__name__, key): value
+            for module in modules.values()
+            for key, value in vars(module).items()
+            if isinstance(value, dict | list | set) and not key.startswith("__")
+        }
+        # long-context get_outside_temperature_from_google writes its answer into this
+        # module dict and returns the dict (we log a copy); nothing else reads it
+        del tables[(modules["VehicleControlAPI"].__name__, "LONG_WEATHER_EXTENSION")]
+        defaults = {
+            (cls, name): function.__defaults__
+            for cls in set(OWNER.values())
+            for name, function in inspect.getmembers(api_class(cls), inspect.isfunction)
+        }
+        return copy.deepcopy((tables, defaults))
+
+    before = shared()
+    assert before[0]  # there are module tables to watch (long_context.py's, DEFAULT_STATEs)
+    for pack in packs.values():
+        for task in pack.tasks:
+            pack.replay(task)
+    assert shared() == before
 
 
 def mutable_parts(value: Any, out: dict[int, Any] | None = None) -> dict[int, Any]:
