@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol import ErrorKind, ToolContext, ToolError, ToolMeta
+from protocol import ErrorKind, Result, ToolContext, ToolError, ToolMeta
 from tool_server.config import ConfigError, EnvironmentSpec
 from tool_server.registry import Registry, ToolEntry
 from tool_server.upstream import schema_validator
@@ -57,10 +57,14 @@ def add_environments(
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         toolset = spec.toolset or pack.id
+        timeout_s = spec.timeout_s or default_timeout_s
         for tool in pack.tools:
-            registry.add(
-                _tool_entry(host, pack, tool, spec.prefix, toolset, spec.timeout_s or default_timeout_s)
-            )
+            if spec.prefix + tool.name in registry:
+                raise ConfigError(
+                    f"environment {pack.id!r}: its tool {tool.name!r} has the name of a tool already served; "
+                    "give this environments entry a 'prefix' (its training data then needs the same --env-prefix)"
+                )
+            registry.add(_tool_entry(host, pack, tool, spec.prefix, toolset, timeout_s))
     meta = ToolMeta(kind="verifier", timeout_s=default_timeout_s, idempotent=True)
     registry.add_verifier(TOOL_USE, host.verify, meta, (), instance=host)
     registry.environments = host
@@ -97,7 +101,13 @@ def _tool_entry(
 def _pack_tool(host: EnvHost, pack: Pack, name: str) -> Callable[..., Any]:
     def run(**arguments: Any) -> Any:
         context: ToolContext = arguments.pop(_CONTEXT_PARAM)
-        return host.call(context.session, pack, name, arguments)
+        try:
+            return host.call(context.session, pack, name, arguments)
+        except ToolError as exc:
+            # Returned, not raised: an exception handed from the worker thread to the event
+            # loop ends up in a reference cycle (its traceback holds this frame, and with it
+            # the session's world), which kept released worlds alive until a full collection.
+            return Result.failure(context.call_id, exc.kind, exc.message)
 
     return run
 

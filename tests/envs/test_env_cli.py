@@ -228,3 +228,24 @@ def test_the_docs_example_pack_validates_and_serves(tmp_path: Path) -> None:
         }
         (result,) = decode_results(httpx.post(srv.url + "/v1/calls", json=body, timeout=30).content)
         assert not result.is_error and result.structured == {"status": "cancelled", "total": 5}
+
+
+def test_serving_two_packs_with_the_same_tool_names_needs_a_prefix(tmp_path: Path) -> None:
+    def check(environments: list[dict]) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / "config.yaml"
+        path.write_text(yaml.safe_dump({"tools": [], "environments": environments}))
+        command = [sys.executable, "-m", "tool_server.cli", "check-config", "--config", str(path)]
+        return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    other = {"source": SOURCE, "arguments": {"pack_id": "shop_b"}}
+    clash = check([{"source": SOURCE}, other])
+    assert clash.returncode == 2
+    assert "environment 'shop_b': its tool 'get_user' has the name of a tool already served" in clash.stderr
+    assert "prefix" in clash.stderr
+    twice = check([{"source": SOURCE}, {"source": SOURCE, "prefix": "b_"}])
+    assert twice.returncode == 2 and "two environments have the id 'shop'" in twice.stderr
+    both = check([{"source": SOURCE}, {**other, "prefix": "b_"}])
+    assert both.returncode == 0, both.stderr
+    assert "toolsets: shop, shop_b, verifiers" in both.stdout
+    neither = check([{"toolset": "x"}])
+    assert neither.returncode == 2 and "give exactly one of 'path' and 'source'" in neither.stderr

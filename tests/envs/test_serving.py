@@ -94,6 +94,9 @@ def test_pack_tools_are_served_with_their_own_schemas(server: ServerProcess) -> 
         assert by_name[tool.name]["description"] == tool.description
         assert by_name[tool.name]["_meta"]["toolfactory"]["stateful"] is True
     assert by_name["cancel_order"]["_meta"]["toolfactory"]["idempotent"] is False  # a write
+    spec = httpx.get(server.url + "/openapi.json", headers=headers()).json()
+    body = spec["paths"]["/v1/sessions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert body["properties"]["environment"]["required"] == ["pack", "task"]
     second = httpx.get(server.url + "/v1/tools", params={"toolset": "shop2"}, headers=headers()).json()[
         "tools"
     ]
@@ -126,6 +129,7 @@ def test_a_released_sessions_world_is_freed_and_its_id_unknown(server: ServerPro
     session = sid()
     before = gauge(server, "worlds_live")
     assert not call(server, "cancel_order", {"order_id": "o1"}, session).is_error
+    assert call(server, "cancel_order", {"order_id": "o1"}, session).is_error  # a ToolError holds no world
     assert gauge(server, "worlds_live") == before + 1
     assert release(server, session).status_code == 200
     deadline = time.monotonic() + 10
