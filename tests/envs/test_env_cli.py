@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -210,7 +211,11 @@ def test_the_docs_example_pack_validates_and_serves(tmp_path: Path) -> None:
     )
     assert validated.returncode == 0, validated.stdout + validated.stderr
     assert "2 of 2 tasks valid" in validated.stdout
-    config = {"environments": [{"path": str(tmp_path / "my_shop")}], "tools": []}
+    config = {
+        "environments": [{"path": str(tmp_path / "my_shop")}],
+        "tools": [],
+        "sessions": {"ttl_s": 1.0, "sweep_interval_s": 0.2},  # so that the session below expires
+    }
     with running_server(config, env={"PYTHONPATH": f"{tmp_path}:{REPO}"}) as srv:
         session = "s-" + uuid.uuid4().hex
         environment = {"pack": "my_shop", "task": "new_order"}
@@ -228,6 +233,13 @@ def test_the_docs_example_pack_validates_and_serves(tmp_path: Path) -> None:
         }
         (result,) = decode_results(httpx.post(srv.url + "/v1/calls", json=body, timeout=30).content)
         assert not result.is_error and result.structured == {"status": "cancelled", "total": 5}
+        time.sleep(2.5)  # idle past the TTL: the sweeper closes the session and drops its world
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert 'toolfactory_tool_gauge{name="worlds_live",tool="verify_tool_use"} 0.0' in metrics
+        assert 'toolfactory_tool_gauge{name="worlds_created",tool="verify_tool_use"} 1.0' in metrics
+        body["calls"][0]["call_id"] = uuid.uuid4().hex  # a new call (the old id replays its result)
+        (late,) = decode_results(httpx.post(srv.url + "/v1/calls", json=body, timeout=30).content)
+        assert late.error is not None and late.error.kind.value == "unknown_session"
 
 
 def test_serving_two_packs_with_the_same_tool_names_needs_a_prefix(tmp_path: Path) -> None:
