@@ -15,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from protocol import ErrorKind, ToolError
+from protocol import ErrorKind, ToolError, VerifyRequest
 from tools.envs import tau2
 from tools.envs.pack import EnvTask, Pack
 from tools.envs.tau2_domain import DOMAINS, load_domain
 from tools.envs.world import World
+from tools.verifiers.tool_use import score
 
 Action = tuple[str, dict[str, Any]]
 
@@ -325,3 +326,40 @@ def test_tool_errors_are_tau2s_messages(packs) -> None:
     assert caught.value.kind == ErrorKind.INVALID_ARGUMENTS
     assert [c.error is not None for c in world.calls] == [True, True]
     assert pack.call(world, "calculate", {"expression": "2 * (3 + 4)"}) == "14.0"
+
+
+# --------------------------------------------------------------------------- the tool_use reward
+
+
+def scored(pack: Pack, task: EnvTask, actions: list[Action]) -> float:
+    """The eval reward of a rollout that made ``actions`` and then told the customer the facts."""
+    world = our_world(pack, task, actions)
+    messages: list[dict[str, Any]] = [*task.prompt]
+    for call in world.calls:
+        messages.append(
+            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": call.name}}]}
+        )
+        messages.append({"role": "tool", "name": call.name, "content": json.dumps(call.output or call.error)})
+    messages.append({"role": "assistant", "content": "Done. " + "; ".join(task.gold.communicate)})
+    request = VerifyRequest(
+        verifier="tool_use",
+        ground_truth={"pack": pack.id, "task": task.id},
+        messages=messages,
+        response_start=len(task.prompt),
+    )
+    return score(pack, task, world, request, mode="eval").score
+
+
+def test_tool_use_reward_gold_scores_one_and_a_dropped_write_less(packs) -> None:
+    dropped = 0
+    for domain, pack in packs.items():
+        for task in pack.tasks:
+            actions = gold_actions(domain, task.id)
+            assert scored(pack, task, actions) == 1.0, (domain, task.id)
+            writes = write_positions(domain, actions)
+            if writes:
+                broken = actions[: writes[-1]] + actions[writes[-1] + 1 :]
+                if our_world(pack, task, broken).differences(pack.replay(task)):
+                    assert scored(pack, task, broken) < 1.0, (domain, task.id)
+                    dropped += 1
+    assert dropped >= 100

@@ -74,7 +74,8 @@ class _ReadView(MutableMapping[str, Any]):
         return value
 
     def __setitem__(self, key: str, value: Any) -> None:
-        raise TypeError("a read tool tried to write the world")
+        # not TypeError: Pack.call would report that as the caller's invalid arguments
+        raise PermissionError("a read-only τ² tool tried to write the world")
 
     __delitem__ = __setitem__
 
