@@ -46,9 +46,10 @@ from tools.envs.bfcl_data import CATEGORIES, Entry, entries, function_docs, pars
 from tools.envs.bfcl_state import api_class, comparable, load_instance  # noqa: E402
 from tools.envs.pack import EnvTask, GoldCall, Pack  # noqa: E402
 from tools.envs.world import World  # noqa: E402
-from tools.verifiers.tool_use import score  # noqa: E402
+from tools.verifiers.tool_use import DEFAULT_WEIGHTS, score  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
+WEIGHTED = set(DEFAULT_WEIGHTS) - {"penalty"}  # the components a train score sums (1.0 at best)
 OWNER = {doc["name"]: name for name, docs in function_docs().items() for doc in docs}  # function -> class
 
 
@@ -193,18 +194,18 @@ def test_every_entry_is_a_task_with_its_turns_and_a_chained_gold(
         assert [len(t) for t in task.metadata["turn_calls"]] == [len(t) for t in entry.ground_truth]
         assert all(c.depends_on == ([ids[n - 1]] if n else []) for n, c in enumerate(task.gold.calls))
         assert task.complexity.depth == len(ids) and task.complexity.gold_calls == len(ids)
-        assert task.tools == offered[task.id]  # what BFCL's runner puts in front of the model
+        # what BFCL's runner puts in front of the model, then what it reveals later
+        later = [n for names in revealed[task.id].values() for n in names]
+        assert sorted(task.tools or ()) == sorted(offered[task.id] + later)
         assert task.metadata["tools_added"] == revealed[task.id]
         for turn, added in task.metadata["tools_added"].items():
-            assert int(turn) > 0 and not set(added) & set(task.tools or ())
+            assert int(turn) > 0
             earlier = {
                 c.name for ids in task.metadata["turn_calls"][: int(turn)] for c in gold_calls(task, ids)
             }
             if set(added) & earlier:
                 early.append(task.id)
-        assert {c.name for c in task.gold.calls} <= set(task.tools or ()) | {
-            n for added in task.metadata["tools_added"].values() for n in added
-        }
+        assert {c.name for c in task.gold.calls} <= set(task.tools or ())
         assert EnvTask.from_dict(json.loads(json.dumps(task.to_dict()))) == task  # plain JSON
     if category == "multi_turn_miss_func":
         assert all(task.metadata["tools_added"] for task in pack.tasks)
@@ -632,25 +633,32 @@ def chat(task: EnvTask, world: World, dropped: GoldCall | None = None) -> Verify
         messages.append({"role": "assistant", "content": "Done."})
     return VerifyRequest(
         verifier="tool_use",
-        ground_truth={"pack": "bfcl_multi_turn_base", "task": task.id},
+        ground_truth={"pack": f"bfcl_{task.metadata['category']}", "task": task.id},
         messages=messages,
         response_start=len(task.prompt),
     )
 
 
-def test_gold_replay_scores_one_and_a_missing_call_less(packs: dict[str, Pack]) -> None:
-    pack = packs["multi_turn_base"]
-    writes = {t.name for t in pack.tools if t.writes}
-    for task in pack.tasks[::20]:
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_gold_replay_scores_one_and_a_missing_call_less(packs: dict[str, Pack], category: str) -> None:
+    """Every task: the gold scores 1.0 (eval and train); without its last write, less."""
+    pack = packs[category]
+    train_short = {}
+    for task in pack.tasks:
         gold = pack.replay(task)
         assert score(pack, task, gold, chat(task, gold), mode="eval").score == 1.0
-        assert score(pack, task, gold, chat(task, gold), mode="train").score == pytest.approx(1.0)
-        dropped = next((c for c in reversed(task.gold.calls) if c.name in writes), task.gold.calls[-1])
+        trained = score(pack, task, gold, chat(task, gold), mode="train")
+        if trained.score != pytest.approx(1.0):
+            train_short[task.id] = {k: v for k, v in trained.components.items() if k in WEIGHTED and v != 1.0}
+        dropped = next(
+            (c for c in reversed(task.gold.calls) if pack.tool(c.name).writes), task.gold.calls[-1]
+        )
         world = run_ours(pack, task, [c for c in task.gold.calls if c is not dropped])
         result = score(pack, task, world, chat(task, world, dropped), mode="eval")
         assert result.score < 1.0 and result.components["calls"] == 0.0
-        if dropped.name in writes and world.differences(gold):
-            assert result.components["state"] == 0.0
+        assert result.components["state"] == (0.0 if world.differences(gold) else 1.0)
+    # entry 173's 'ticket_001' misses its integer schema (BFCL's data): one call in five
+    assert train_short == {f"{category}_173": {"schema": 0.8}}
 
 
 # --------------------------------------------------------------------------- served

@@ -13,7 +13,8 @@
 * **Tasks**: one per BFCL entry. The prompt is the first user turn; the later turns are in
   ``metadata["turns"]`` for a driver that plays them as the user, ``metadata["turn_calls"]``
   lists each turn's gold call ids and ``metadata["tools_added"]`` the functions a
-  miss_func entry reveals at a turn (absent from ``task.tools`` until then). ``gold.calls``
+  miss_func entry reveals at a turn (in ``task.tools``, which the server enforces and the
+  reward checks calls against, but for a driver to hide until then). ``gold.calls``
   is the whole ground truth, each call depending on the one before: BFCL runs them in
   order on stateful objects (``cd`` before ``mv``), checks the state after every turn
   and never lets a later turn's calls run early, so no order is safe to claim but this
@@ -205,12 +206,10 @@ def _task(
             calls.append(GoldCall(name, arguments, id=call_id, depends_on=[calls[-1].id] if calls else []))
             ids.append(call_id)
         turn_calls.append(ids)
-    # BFCL offers every function of the involved classes but the held-out ones (it never
-    # reads an entry's ``excluded_function``; we keep that in the metadata only)
-    held_out = {name for names in entry.missed.values() for name in names}
-    offered = [
-        name for class_name in entry.involved_classes for name in by_class[class_name] if name not in held_out
-    ]
+    # Every function of the involved classes: what BFCL's executor runs. Its prompt holds
+    # miss_func's functions back until their turn (metadata "tools_added": a driver hides
+    # them until then); an entry's ``excluded_function`` BFCL never reads (metadata only).
+    offered = [name for class_name in entry.involved_classes for name in by_class[class_name]]
     used = {call.name for call in calls}
     distractors = [name for name in offered if name not in used]
     # a miss_func turn has no user message: BFCL says this when it reveals the functions
