@@ -1,0 +1,447 @@
+"""The environment builder against a scripted model and a real small one.
+
+The scripted endpoint (tests/support/scripted_openai.py) is a real uvicorn server that
+answers each stage from a script: a small library world with one invalid answer per
+stage (rejected, then retried with the reason), a tool that leaks its answer (the gate
+rejects it and the task that uses it), and a task whose gold call fails (rejected as not
+solvable). The pack that comes out is loaded without importing its code, its tools run
+in the sandbox, and its gold trajectories score 1.0 under the tool_use reward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from protocol import VerifyRequest
+from tests.support.openai_server import create_app, serve_in_thread, shared_chat_model
+from tests.support.scripted_openai import ScriptedChat
+from tools.envs.builder import BuildConfig, ChatModel, SandboxExecutor, build, load_built_pack
+from tools.envs.builder.cli import configure, run
+from tools.envs.builder.gate import ProbePool, leak_probes, mentions
+from tools.envs.builder.loader import SANDBOXED, built_tools
+from tools.envs.pack import EnvTask, Pack, PackInfo, call_depths, load_pack
+from tools.verifiers.tool_use import score
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = "A small library: members look books up and borrow the ones that are available."
+
+DECOMPOSITION = {
+    "domain": "library",
+    "description": "A lending library with books and members.",
+    "entities": [
+        {
+            "name": "books",
+            "key": "book_id",
+            "fields": [
+                {"name": "book_id", "type": "string"},
+                {"name": "title", "type": "string"},
+                {"name": "author", "type": "string"},
+                {"name": "available", "type": "boolean"},
+            ],
+        },
+        {
+            "name": "members",
+            "key": "member_id",
+            "fields": [
+                {"name": "member_id", "type": "string"},
+                {"name": "name", "type": "string"},
+                {"name": "borrowed", "type": "array"},
+            ],
+        },
+    ],
+    "capabilities": [
+        {"name": "look_up_book", "description": "See a book", "kind": "read", "entities": ["books"]},
+        {"name": "borrow", "description": "Borrow a book", "kind": "write", "entities": ["books", "members"]},
+    ],
+}
+
+
+def _tool(name: str, description: str, params: dict[str, Any], reads: list[str], writes: list[str]) -> dict:
+    schema = {
+        "type": "object",
+        "properties": params,
+        "required": sorted(params),
+        "additionalProperties": False,
+    }
+    return {"name": name, "description": description, "parameters": schema, "output": "a JSON object",
+            "reads": reads, "writes": writes}  # fmt: skip
+
+
+ID = {"type": "string"}
+TOOL_DOCS = [
+    _tool("get_book", "Look a book up by id.", {"book_id": ID}, ["books"], []),
+    _tool("find_books_by_author", "Books of an author.", {"author": ID}, ["books"], []),
+    _tool("get_member", "Look a member up by id.", {"member_id": ID}, ["members"], []),
+    _tool("get_book_status", "Whether a book is on the shelf.", {"book_id": ID}, ["books"], []),
+    _tool(
+        "borrow_book", "Lend a book to a member.", {"member_id": ID, "book_id": ID}, [], ["books", "members"]
+    ),
+]
+BOOKS = [
+    {"book_id": "b1", "title": "Dune", "author": "Herbert", "available": True},
+    {"book_id": "b2", "title": "Emma", "author": "Austen", "available": True},
+    {"book_id": "b3", "title": "Persuasion", "author": "Austen", "available": False},
+]
+MEMBERS = [
+    {"member_id": "m1", "name": "Ada", "borrowed": []},
+    {"member_id": "m2", "name": "Alan", "borrowed": ["b3"]},
+]
+DOCUMENTS = {"tools": TOOL_DOCS, "initial_state": {"books": BOOKS, "members": MEMBERS},
+             "policy": "Lend only books that are available."}  # fmt: skip
+
+SOURCES = {
+    "get_book": """def get_book(world, book_id):
+    book = world["books"].get(book_id)
+    if book is None:
+        raise ToolError(f"no book {book_id}")
+    return book""",
+    "find_books_by_author": """def find_books_by_author(world, author):
+    return [{"book_id": k, "title": b["title"], "available": b["available"]}
+            for k, b in sorted(world["books"].items()) if b["author"] == author]""",
+    "get_member": """def get_member(world, member_id):
+    member = world["members"].get(member_id)
+    if member is None:
+        raise ToolError(f"no member {member_id}")
+    return member""",
+    # the leak: whatever the id, the same status
+    "get_book_status": """def get_book_status(world, book_id):
+    return {"book_id": book_id, "status": "available"}""",
+    "borrow_book": """def borrow_book(world, member_id, book_id):
+    from protocol import ToolError as Refusal
+    member, book = world["members"].get(member_id), world["books"].get(book_id)
+    if member is None or book is None:
+        raise Refusal(f"no member {member_id} or no book {book_id}")
+    if not book["available"]:
+        raise Refusal(f"{book['title']} is on loan")
+    book["available"] = False
+    member["borrowed"].append(book_id)
+    return {"member_id": member_id, "book_id": book_id, "title": book["title"]}""",
+}
+
+
+def _call(cid: str, name: str, depends_on: tuple[str, ...] = (), **arguments: Any) -> dict[str, Any]:
+    return {"id": cid, "name": name, "arguments": arguments, "depends_on": list(depends_on), "compare": None}
+
+
+LEVEL_1 = {
+    "tasks": [
+        {
+            "prompt": "Who wrote book b1?",
+            "calls": [_call("c0", "get_book", book_id="b1")],
+            "answer": "Herbert",
+        },
+        {
+            "prompt": "Is book b2 on the shelf?",
+            "calls": [_call("c0", "get_book_status", book_id="b2")],
+            "answer": "available",
+        },  # fmt: skip
+        {
+            "prompt": "Who wrote book b9?",
+            "calls": [_call("c0", "get_book", book_id="b9")],
+            "answer": "nobody",
+        },
+    ]
+}
+LEVEL_2 = {
+    "tasks": [
+        {
+            "prompt": "Of b1 and b3, which title can I borrow?",
+            "answer": "Dune",
+            "calls": [_call("c0", "get_book", book_id="b1"), _call("c1", "get_book", book_id="b3")],
+            "scaling": ["parameter_expansion"],
+        },  # fmt: skip
+        {
+            "prompt": "Title of b2?",
+            "calls": [_call("c0", "get_book", book_id="b2")],
+            "answer": "Emma",
+        },  # level 1
+    ]
+}
+LEVEL_3 = {
+    "tasks": [
+        {
+            "prompt": "Member m1 wants the available book by Austen; lend it to them.",
+            "answer": "Emma",
+            "calls": [
+                _call("c0", "find_books_by_author", author="Austen"),
+                _call("c1", "borrow_book", ("c0",), member_id="m1", book_id="b2"),
+            ],
+            "scaling": ["functional_generalisation"],
+        },  # fmt: skip
+    ]
+}
+LEVEL_4 = {
+    "tasks": [
+        {
+            "prompt": "What is the title of the book member m2 has, and who wrote b1?",
+            "answer": "Persuasion",
+            "calls": [
+                _call("c0", "get_member", member_id="m2"),
+                _call("c1", "get_book", ("c0",), book_id="b3"),
+                _call("c2", "get_book", book_id="b1"),
+            ],
+            "distractors": ["find_books_by_author"],
+            "scaling": ["toolset_extension"],
+        },  # fmt: skip
+    ]
+}
+
+
+def library_script() -> dict[str, list[Any]]:
+    """One invalid answer per stage, then the good one."""
+    broken_state = json.loads(json.dumps(DOCUMENTS))
+    del broken_state["initial_state"]["books"][1]["author"]
+    return {
+        "decomposition": ["Sure! A library has books and members.", DECOMPOSITION],
+        "documents": [broken_state, DOCUMENTS],
+        "function get_book": [
+            {"name": "get_book", "source": "def get_book(world, book_id)\n    return 1"},
+            {"name": "get_book", "source": SOURCES["get_book"]},
+        ],
+        **{
+            f"function {name}": [{"name": name, "source": SOURCES[name]}]
+            for name in SOURCES
+            if name != "get_book"
+        },
+        "tasks level-1": [{"tasks": [{"prompt": "Who wrote b1?"}]}, LEVEL_1],
+        "tasks level-2": [LEVEL_2],
+        "tasks level-3": [LEVEL_3],
+        "tasks level-4": [LEVEL_4],
+    }
+
+
+@pytest.fixture(scope="module")
+def executor():
+    with SandboxExecutor() as ex:
+        yield ex
+
+
+def _build(url: str, out: Path, executor: SandboxExecutor, **kw: Any):
+    model = ChatModel(url + "/v1", "scripted", json_mode=True)
+    return build(BuildConfig(SCENARIO, out, model, progress=False, executor=executor, **kw))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, executor):
+    chat = ScriptedChat(library_script())
+    out = tmp_path_factory.mktemp("library")
+    with serve_in_thread(chat.app) as url:
+        report = _build(url, out, executor)
+    return report, chat, out
+
+
+def _reasons(report, stage: str) -> list[str]:
+    return [item["reason"] for item in report.stages[stage].rejected]
+
+
+def test_every_stage_rejects_an_invalid_answer_and_retries_with_the_reason(built) -> None:
+    report, chat, _ = built
+    assert report.status == "built", report.table()
+    assert chat.left() == {}  # the whole script was used: one retry per invalid answer, nothing more
+    counts = {name: (log.candidates, log.accepted, len(log.rejected)) for name, log in report.stages.items()}
+    assert counts["decomposition"] == (2, 1, 1)
+    assert counts["documents"] == (2, 1, 1)
+    assert counts["functions"] == (6, 5, 1)
+    assert "no JSON object" in _reasons(report, "decomposition")[0]
+    assert "initial_state.books[1] has fields" in _reasons(report, "documents")[0]
+    assert "syntax error line 1" in _reasons(report, "functions")[0]
+    tasks = _reasons(report, "tasks")
+    assert any("does not match the output schema" in r and "calls" in r for r in tasks), tasks
+    assert any("asked for level 2" in r and "single_hop" in r for r in tasks), tasks
+    # the retry carries the rejection to the model
+    retry = [body for key, body in chat.requests if key == "function get_book"][1]
+    assert "syntax error line 1" in retry["messages"][-1]["content"]
+    assert retry["response_format"] == {"type": "json_object"}
+
+
+def test_the_gate_rejects_the_leaking_tool_and_the_unsolvable_task(built) -> None:
+    report, _, _ = built
+    tools = report.stages["gate: tools"]
+    assert [r["candidate"] for r in tools.rejected] == ["get_book_status"]
+    assert "leaks the answer of task l1-2" in tools.rejected[0]["reason"]
+    assert tools.accepted == 4
+    tasks = {r["candidate"]: r["reason"] for r in report.stages["gate: tasks"].rejected}
+    assert set(tasks) == {"l1-2", "l1-3"}
+    assert "uses rejected tools ['get_book_status']" in tasks["l1-2"]
+    assert tasks["l1-3"].startswith("not solvable: gold call c0 (get_book) fails: no book b9")
+    assert report.levels == {1: 1, 2: 1, 3: 1, 4: 1}
+    written = json.loads((Path(report.out) / "report.json").read_text())
+    assert written["status"] == "built" and written["stages"]["gate: tools"]["rejected"] == 1
+    assert "get_book_status" in (Path(report.out) / "report.txt").read_text()
+
+
+def test_the_built_pack_is_untrusted_and_load_pack_does_not_import_it(built) -> None:
+    _, _, out = built
+    meta = yaml.safe_load((out / "pack" / "pack.yaml").read_text())
+    assert meta["trusted"] is False and meta["tools"] == SANDBOXED and meta["origin"] == "built"
+    source = (out / "pack" / "tools_source.py").read_text()
+    assert "def borrow_book(world" in source and "get_book_status" not in source  # rejected tool left out
+    with pytest.raises(ImportError):
+        load_pack(out / "pack")
+
+
+def _gold_request(pack: Pack, task: EnvTask, world) -> VerifyRequest:
+    depths = call_depths(task.gold.calls)
+    messages: list[dict[str, Any]] = [*task.prompt]
+    for depth in sorted(set(depths.values())):
+        messages.append({"role": "assistant", "content": "<tool_call>...</tool_call>"})
+        for record in world.calls:
+            if depths[next(c.id for c in task.gold.calls if c.arguments == record.arguments)] == depth:
+                messages.append({"role": "tool", "name": record.name, "content": json.dumps(record.output)})
+    answer = f" <answer>{task.gold.answer}</answer>" if task.gold.answer else ""
+    messages.append({"role": "assistant", "content": "Done." + answer})
+    return VerifyRequest(
+        "tool_use", {"pack": pack.id, "task": task.id}, messages=messages, response_start=len(task.prompt)
+    )
+
+
+def test_the_loaded_pack_replays_its_gold_in_the_sandbox_and_scores_full_marks(built, executor) -> None:
+    _, _, out = built
+    pack = load_built_pack(out / "pack", executor)
+    assert pack.trusted is False and [t.name for t in pack.tools] == [
+        "get_book", "find_books_by_author", "get_member", "borrow_book",
+    ]  # fmt: skip
+    assert {t.complexity.level for t in pack.tasks} == {1, 2, 3, 4}
+    for task in pack.tasks:
+        world = pack.replay(task)
+        assert [c.error for c in world.calls] == [None] * len(task.gold.calls), task.id
+        outputs = {c.name + json.dumps(c.arguments, sort_keys=True): c.output for c in world.calls}
+        for call in task.gold.calls:
+            assert outputs[call.name + json.dumps(call.arguments, sort_keys=True)] == call.output, task.id
+        for mode in ("train", "eval"):
+            result = score(pack, task, world, _gold_request(pack, task, world), mode=mode)
+            assert result.score == 1.0, (task.id, mode, result.components)
+    lend = pack.task("l3-1")
+    world = pack.replay(lend)
+    assert world.changed() == {("books", "b2"), ("members", "m1")}
+    assert (
+        world["members"].peek("m1")["borrowed"] == ["b2"]
+        and pack.initial_state["members"]["m1"]["borrowed"] == []
+    )
+    extended = pack.task("l4-1")
+    assert (
+        extended.distractors == ["find_books_by_author"]
+        and "toolset_extension" in extended.complexity.scaling
+    )
+    assert lend.reward_basis == ["calls", "state", "answer"] and extended.reward_basis == ["calls", "answer"]
+
+
+def test_generated_code_runs_confined_not_in_this_process(executor) -> None:
+    checkout = str(ROOT / "pyproject.toml")
+    probe = (
+        "def whoami(world):\n    import os\n"
+        f"    return {{'uid': os.getuid(), 'pid': os.getpid(), 'sees_checkout': os.path.exists({checkout!r})}}"
+    )
+    doc = {
+        "name": "whoami",
+        "description": "who runs me",
+        "parameters": {"type": "object"},
+        "reads": [],
+        "writes": [],
+    }
+    pack = Pack(PackInfo("probe"), built_tools([doc], probe, executor), {"t": {}}, trusted=False)
+    out = pack.call(pack.new_world(), "whoami", {})
+    assert out["pid"] != os.getpid() and out["uid"] != os.getuid()
+    assert out["sees_checkout"] is False and os.path.exists(checkout)
+
+
+def test_a_rerun_resumes_every_stage_without_asking_the_model(built, tmp_path, executor) -> None:
+    _, _, out = built
+    silent = ScriptedChat({})  # any request would fail the build
+    with serve_in_thread(silent.app) as url:
+        again = _build(url, out, executor)
+    assert again.status == "built" and silent.requests == []
+    assert all(again.stages[s].resumed for s in ("decomposition", "documents", "functions", "tasks"))
+    assert again.stages["functions"].accepted == 5 and again.levels == {1: 1, 2: 1, 3: 1, 4: 1}
+    with pytest.raises(ValueError, match="another scenario"):
+        build(BuildConfig("another world", out, ChatModel("http://127.0.0.1:9/v1"), progress=False))
+
+
+def test_a_half_done_stage_resumes_where_it_stopped(tmp_path, executor) -> None:
+    script = library_script()
+    script["function get_member"] = []  # the endpoint fails on the third tool
+    first = ScriptedChat(script)
+    with serve_in_thread(first.app) as url:
+        report = _build(url, tmp_path, executor, levels=[1])
+    assert report.status == "failed" and report.failed_stage == "functions"
+    assert "no answer left for stage 'function get_member'" in report.message
+    rest = {
+        k: v
+        for k, v in library_script().items()
+        if k.startswith(("function get_member", "function get_book_", "function borrow", "tasks level-1"))
+    }
+    second = ScriptedChat(rest)
+    with serve_in_thread(second.app) as url:
+        report = _build(url, tmp_path, executor, levels=[1])
+    assert report.status == "built", report.table()
+    assert [k for k in second.stages() if k.startswith("function")] == [
+        "function get_member", "function get_book_status", "function borrow_book",
+    ]  # fmt: skip
+
+
+def test_leak_probes_vary_each_argument_with_values_of_the_world() -> None:
+    state = {"books": {b["book_id"]: b for b in BOOKS}, "members": {m["member_id"]: m for m in MEMBERS}}
+    schema = TOOL_DOCS[4]["parameters"]
+    probes = leak_probes(schema, {"member_id": "m1", "book_id": "b2"}, ProbePool(state))
+    assert probes[:2] == [{"member_id": "m1", "book_id": "b1"}, {"member_id": "m2", "book_id": "b2"}]
+    assert len(probes) == 4 and all(p != {"member_id": "m1", "book_id": "b2"} for p in probes)
+    assert mentions({"t": ["Emma", 3]}, "emma") and mentions("the title is Emma.", "Emma")
+    assert mentions({"n": 3}, "3") and not mentions("Emmanuel", "Emma") and not mentions({"n": 31}, "3")
+
+
+def _cli(url: str, out: Path, *extra: str) -> argparse.Namespace:
+    parser = configure(argparse.ArgumentParser())
+    return parser.parse_args(
+        ["--scenario", SCENARIO, "--model", url + "/v1", "--out", str(out), "--no-progress", *extra]
+    )
+
+
+def test_cli_exit_status_and_errors(tmp_path, capsys) -> None:
+    chat = ScriptedChat({"decomposition": ["no", "still no"]})
+    with serve_in_thread(chat.app) as url:
+        assert run(_cli(url, tmp_path / "a", "--attempts", "2")) == 1
+        assert run(_cli(url, tmp_path / "b", "--levels", "5")) == 2
+    printed = capsys.readouterr()
+    assert "status: failed at decomposition: no acceptable decomposition" in printed.out
+    assert "levels must be among 1-4" in printed.err
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert report["stages"]["decomposition"]["rejected"] == 2
+
+
+def test_python_m_entry_point(tmp_path) -> None:
+    chat = ScriptedChat({"decomposition": ["{}"]})
+    with serve_in_thread(chat.app) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "tools.envs.builder", "--scenario", SCENARIO, "--model", url + "/v1",
+             "--out", str(tmp_path), "--attempts", "1", "--no-progress"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "does not match the output schema" in done.stdout and (tmp_path / "report.txt").is_file()
+
+
+def test_a_real_small_model_is_judged_never_crashes(tmp_path, executor) -> None:
+    """SmolLM2-135M through the same endpoint shape: whatever it writes is accepted or rejected with reasons."""
+    app = create_app(shared_chat_model())
+    with serve_in_thread(app) as url:
+        model = ChatModel(url + "/v1", "smollm2", max_tokens=32, temperature=0.0)
+        config = BuildConfig(SCENARIO, tmp_path, model, attempts=1, tasks_per_level=1, levels=[1],
+                             progress=False, executor=executor)  # fmt: skip
+        report = build(config)
+    assert report.status in ("built", "failed")
+    first = report.stages["decomposition"]
+    assert first.candidates >= 1 and first.accepted + len(first.rejected) == first.candidates
+    if report.status == "failed":
+        assert report.failed_stage and report.message
+    for log in report.stages.values():
+        assert all(item["reason"] for item in log.rejected)
+    assert json.loads((tmp_path / "report.json").read_text())["status"] == report.status

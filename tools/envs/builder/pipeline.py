@@ -1,0 +1,280 @@
+"""``build``: the five stages from a scenario to a checked, sandboxed environment pack.
+
+decomposition -> documents -> functions -> tasks (complexity scaling) -> gate and
+deployment. Each of the first four stages saves its accepted output under
+``<out>/stages/`` as soon as it has it (functions and tasks item by item), so a rerun
+with the same scenario and out dir skips what is done; the gate and the deployment are
+deterministic and cheap, so they always run. ``<out>/report.json`` and ``report.txt``
+say what every stage produced, accepted and rejected, and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from tools.envs.builder.gate import run_gate
+from tools.envs.builder.llm import BuildError, ChatModel, StageLog
+from tools.envs.builder.loader import assemble_source, built_tools, load_built_pack, write_built_pack
+from tools.envs.builder.report import Report
+from tools.envs.builder.sandboxed import SandboxExecutor
+from tools.envs.builder.stages import decompose, document, integrate, scale
+from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths
+
+__all__ = ["STAGES", "BuildConfig", "build"]
+
+STAGES = ("decomposition", "documents", "functions", "tasks", "deployment")
+
+
+@dataclass
+class BuildConfig:
+    scenario: str
+    out: Path
+    model: ChatModel
+    attempts: int = 3  # answers asked per stage item before giving up on it
+    tasks_per_level: int = 3
+    levels: Sequence[int] = (1, 2, 3, 4)
+    pack_id: str | None = None
+    progress: bool = True
+    executor: SandboxExecutor | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.scenario.strip():
+            raise ValueError("the scenario is empty")
+        if self.attempts < 1 or self.tasks_per_level < 1:
+            raise ValueError("attempts and tasks_per_level must be >= 1")
+        bad = sorted(set(self.levels) - {1, 2, 3, 4})
+        if bad or not self.levels:
+            raise ValueError(f"levels must be among 1-4, got {list(self.levels)}")
+        self.out = Path(self.out).expanduser()
+
+
+class _Store:
+    """Accepted stage outputs under ``<out>/stages``, tied to one scenario."""
+
+    def __init__(self, out: Path, scenario: str) -> None:
+        self.root = out / "stages"
+        self.root.mkdir(parents=True, exist_ok=True)
+        marker = self.root / "scenario.txt"
+        if marker.is_file() and marker.read_text() != scenario:
+            raise ValueError(f"{out} holds a build of another scenario: use another --out (or delete it)")
+        marker.write_text(scenario)
+
+    def load(self, name: str) -> dict[str, Any] | None:
+        path = self.root / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def save(self, name: str, output: Any, log: StageLog, *, complete: bool = True) -> None:
+        blob = {"complete": complete, "output": output, "log": log.to_dict()}
+        (self.root / f"{name}.json").write_text(json.dumps(blob, indent=1))
+
+
+def _resume(store: _Store, name: str, report: Report) -> tuple[Any, bool]:
+    """(saved output or None, complete) — and the saved counts go into the report."""
+    saved = store.load(name)
+    if saved is None:
+        return None, False
+    report.stages[name] = StageLog.from_dict(saved["log"])
+    return saved["output"], bool(saved["complete"])
+
+
+def build(config: BuildConfig) -> Report:
+    """Run the pipeline; never raises for what the model produced (see the report's status)."""
+    report = Report(config.scenario, str(config.out))
+    store = _Store(config.out, config.scenario)
+    executor = config.executor or SandboxExecutor()
+    bar = tqdm(total=len(STAGES), desc="build", unit="stage", disable=not config.progress)
+    stage = STAGES[0]
+    try:
+        stage = "decomposition"
+        decomposition = _once(
+            store, report, stage, lambda log: decompose(config.model, config.scenario, log, config.attempts)
+        )
+        bar.update()
+        stage = "documents"
+        documents = _once(
+            store, report, stage,
+            lambda log: document(config.model, config.scenario, decomposition, log, config.attempts),
+        )  # fmt: skip
+        bar.update()
+        stage = "functions"
+        sources = _functions(config, store, report, decomposition, documents, executor)
+        bar.update()
+        stage = "tasks"
+        raw_tasks = _tasks(config, store, report, documents, list(sources))
+        bar.update()
+        stage = "deployment"
+        _deploy(config, report, decomposition, documents, sources, raw_tasks, executor)
+        bar.update()
+        report.status = "built"
+    except _StageFailed as exc:
+        report.fail(stage, str(exc))
+    except BuildError as exc:
+        report.fail(stage, str(exc))
+    finally:
+        bar.close()
+        if config.executor is None:
+            executor.close()
+        report.write(config.out)
+    return report
+
+
+class _StageFailed(Exception):
+    pass
+
+
+def _once(store: _Store, report: Report, name: str, run: Any) -> dict[str, Any]:
+    saved, complete = _resume(store, name, report)
+    if complete:
+        return saved
+    log = report.stages[name] = StageLog()
+    output = run(log)
+    if output is None:
+        raise _StageFailed(f"no acceptable {name} after the allowed attempts")
+    store.save(name, output, log)
+    return output
+
+
+def _functions(
+    config: BuildConfig,
+    store: _Store,
+    report: Report,
+    decomposition: dict[str, Any],
+    documents: dict[str, Any],
+    executor: SandboxExecutor,
+) -> dict[str, str]:
+    saved, complete = _resume(store, "functions", report)
+    output: dict[str, Any] = saved or {"sources": {}, "failed": []}
+    if complete:
+        return output["sources"]
+    log = report.stages.setdefault("functions", StageLog())
+    log.resumed = False
+    todo = [
+        t
+        for t in documents["tools"]
+        if t["name"] not in output["sources"] and t["name"] not in output["failed"]
+    ]
+    for tool in tqdm(todo, desc="functions", unit="tool", disable=not config.progress, leave=False):
+        source = integrate(
+            config.model, tool, decomposition, documents["initial_state"], executor, log, config.attempts
+        )
+        if source is None:
+            output["failed"].append(tool["name"])
+        else:
+            output["sources"][tool["name"]] = source
+        store.save("functions", output, log, complete=False)
+    if not output["sources"]:
+        raise _StageFailed("no tool got an acceptable implementation")
+    store.save("functions", output, log)
+    return output["sources"]
+
+
+def _tasks(
+    config: BuildConfig, store: _Store, report: Report, documents: dict[str, Any], tools: list[str]
+) -> list[dict[str, Any]]:
+    saved, complete = _resume(store, "tasks", report)
+    output: dict[str, Any] = saved or {"levels": {}}
+    if not complete:
+        log = report.stages.setdefault("tasks", StageLog())
+        log.resumed = False
+        todo = [lv for lv in config.levels if str(lv) not in output["levels"]]
+        for level in tqdm(todo, desc="tasks", unit="level", disable=not config.progress, leave=False):
+            output["levels"][str(level)] = scale(
+                config.model, level, config.tasks_per_level, documents, tools, log, config.attempts
+            )
+            store.save("tasks", output, log, complete=False)
+        store.save("tasks", output, log)
+    tasks = [task for level in sorted(output["levels"], key=int) for task in output["levels"][level]]
+    if not tasks:
+        raise _StageFailed("no level produced a valid task")
+    return tasks
+
+
+def _env_task(raw: dict[str, Any], task_id: str, writes: set[str]) -> EnvTask:
+    calls = [
+        GoldCall(c["name"], c["arguments"], c["id"], list(c.get("depends_on", [])), c.get("compare"))
+        for c in raw["calls"]
+    ]
+    used = sorted({c.name for c in calls})
+    answer = raw.get("answer") or None
+    changes = any(c.name in writes for c in calls)
+    return EnvTask(
+        id=task_id,
+        prompt=[{"role": "user", "content": raw["prompt"]}],
+        gold=Gold(calls, answer, list(raw.get("communicate", []))),
+        complexity=Complexity.from_calls(calls, distractors=len(raw["distractors"]), scaling=raw["scaling"]),
+        tools=used + list(raw["distractors"]),
+        distractors=list(raw["distractors"]),
+        reward_basis=["calls"] + (["state"] if changes else []) + (["answer"] if answer else []),
+        metadata={"origin": "built", "level_asked": raw["level"]},
+    )
+
+
+def pack_id(config: BuildConfig, domain: str) -> str:
+    if config.pack_id:
+        return config.pack_id
+    digest = hashlib.sha256(config.scenario.encode()).hexdigest()[:8]
+    return f"built-{re.sub('[^a-z0-9]+', '-', domain.lower()).strip('-')}-{digest}"
+
+
+def _deploy(
+    config: BuildConfig,
+    report: Report,
+    decomposition: dict[str, Any],
+    documents: dict[str, Any],
+    sources: dict[str, str],
+    raw_tasks: list[dict[str, Any]],
+    executor: SandboxExecutor,
+) -> None:
+    docs = [t for t in documents["tools"] if t["name"] in sources]
+    source = assemble_source({t["name"]: sources[t["name"]] for t in docs})
+    writes = {t["name"] for t in docs if t["writes"]}
+    counters: dict[int, int] = {}
+    tasks = []
+    for raw in raw_tasks:
+        counters[raw["level"]] = counters.get(raw["level"], 0) + 1
+        tasks.append(_env_task(raw, f"l{raw['level']}-{counters[raw['level']]}", writes))
+    info = PackInfo(
+        pack_id(config, decomposition["domain"]), origin="built", domain=decomposition["domain"],
+        description=decomposition["description"],
+    )  # fmt: skip
+    draft = Pack(info, built_tools(docs, source, executor), documents["initial_state"], tasks, trusted=False)
+    gate = run_gate(draft, source, executor, progress=config.progress)
+    report.stages["gate: tools"], report.stages["gate: tasks"] = gate.tools, gate.tasks
+    if not gate.accepted:
+        raise _StageFailed("the gate accepted no task")
+    kept = [t for t in docs if t["name"] not in gate.rejected_tools]
+    kept_source = assemble_source({t["name"]: sources[t["name"]] for t in kept})
+    root = write_built_pack(
+        config.out / "pack", info, kept, kept_source, documents["initial_state"], gate.accepted,
+        documents.get("policy", ""),
+    )  # fmt: skip
+    _check_deployed(root, executor, report)
+
+
+def _check_deployed(root: Path, executor: SandboxExecutor, report: Report) -> None:
+    """Load the written pack as a server would and replay every task: no error, the stored outputs."""
+    log = report.stages["deployment"] = StageLog()
+    pack = load_built_pack(root, executor)
+    for task in pack.tasks:
+        world = pack.replay(task)
+        depths = call_depths(task.gold.calls)
+        gold = sorted(task.gold.calls, key=lambda c: depths[c.id])  # replay's order
+        errors = [c for c in world.calls if c.error]
+        if errors:
+            log.reject(task.id, f"after loading, gold call {errors[0].name} fails: {errors[0].error}")
+        elif [c.output for c in world.calls] != [c.output for c in gold]:
+            log.reject(task.id, "after loading, the replay's outputs differ from the stored ones")
+        else:
+            log.accept()
+            report.levels[task.complexity.level] = report.levels.get(task.complexity.level, 0) + 1
+    report.pack = str(root)
+    if log.rejected:
+        raise _StageFailed(f"{len(log.rejected)} task(s) do not replay after loading the written pack")
