@@ -67,6 +67,14 @@ def open_session(srv: ServerProcess, body: dict[str, Any], token: str = TOKEN_A)
     return httpx.post(srv.url + "/v1/sessions", json=body, headers=headers(token), timeout=30)
 
 
+def bound(srv: ServerProcess, pack: str, task: str) -> str:
+    """A new session of tenant A bound to ``task`` of ``pack``."""
+    session = sid()
+    opened = open_session(srv, {"session": session, "environment": {"pack": pack, "task": task}})
+    assert opened.status_code == 201, opened.text
+    return session
+
+
 def release(srv: ServerProcess, session: str, token: str = TOKEN_A) -> httpx.Response:
     return httpx.delete(f"{srv.url}/v1/sessions/{session}", headers=headers(token), timeout=30)
 
@@ -173,13 +181,7 @@ def test_bad_bindings_get_clear_errors(server: ServerProcess) -> None:
     malformed = open_session(server, {"environment": {"pack": "shop"}})
     assert malformed.status_code == 400 and '"task"' in malformed.json()["error"]["message"]
 
-    session = sid()
-    assert (
-        open_session(
-            server, {"session": session, "environment": {"pack": "shop", "task": "look"}}
-        ).status_code
-        == 201
-    )
+    session = bound(server, "shop", "look")
     other = open_session(
         server, {"session": session, "environment": {"pack": "shop", "task": "cancel_patched"}}
     )
@@ -271,10 +273,8 @@ def played(calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
 
 def test_the_tool_use_verifier_scores_the_sessions_world(server: ServerProcess) -> None:
     gold = [("get_user", {"user_id": "u1"}), ("cancel_order", {"order_id": "o1"})]
-    session, idle = sid(), sid()
     truth = {"pack": "shop", "task": "user_then_cancel"}
-    for s in (session, idle):
-        assert open_session(server, {"session": s, "environment": truth}).status_code == 201
+    session, idle = bound(server, **truth), bound(server, **truth)
     for name, arguments in gold:
         assert not call(server, name, arguments, session).is_error
     request = {"ground_truth": truth, "messages": played(gold), "response_start": 1}
@@ -294,9 +294,8 @@ def test_the_tool_use_verifier_scores_the_sessions_world(server: ServerProcess) 
 
 
 def test_the_tool_use_verifier_in_a_patched_task_and_behind_a_prefix(server: ServerProcess) -> None:
-    session = sid()
     truth = {"pack": "shop_dir", "task": "cancel_patched"}
-    assert open_session(server, {"session": session, "environment": truth}).status_code == 201
+    session = bound(server, **truth)
     assert not call(server, "s2_cancel_order", {"order_id": "o9"}, session).is_error
     messages = played([("s2_cancel_order", {"order_id": "o9"})])
     result = verify(
@@ -308,13 +307,7 @@ def test_the_tool_use_verifier_in_a_patched_task_and_behind_a_prefix(server: Ser
 
 
 def test_the_tool_use_verifier_refuses_what_it_cannot_score(server: ServerProcess) -> None:
-    session = sid()
-    assert (
-        open_session(
-            server, {"session": session, "environment": {"pack": "shop", "task": "look"}}
-        ).status_code
-        == 201
-    )
+    session = bound(server, "shop", "look")
     cases = {
         "played task 'look'": {
             "ground_truth": {"pack": "shop", "task": "user_then_cancel"},
@@ -337,20 +330,36 @@ def test_the_tool_use_verifier_refuses_what_it_cannot_score(server: ServerProces
     assert patched.is_error and patched.error is not None and "bind the session" in patched.error.message
 
 
+def roll_out(srv: ServerProcess, task: Any, turns: list[str], **config: Any) -> Any:
+    """``task`` rolled out by the rollout core: a scripted model (SmolLM2's tokenizer) says
+    ``turns``, the batched client calls the server, and the server's verifier scores it."""
+    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
+    from trainer_client.client import ToolClient
+    from trainer_client.models import load_tokenizer
+    from trainer_client.rollout import RolloutConfig, RolloutCore
+
+    tokenizer = load_tokenizer("smollm2")
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    script = [ScriptedTurn(tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in turns]
+    generator = ScriptedGenerator(lambda prompt_ids: script, tokenizer=tokenizer, eos_token_ids=[eos])
+
+    async def run() -> Any:
+        async with ToolClient(srv.url, token=TOKEN_A) as client:
+            core = RolloutCore(tokenizer, generator, client, RolloutConfig(**config), verifier=client)
+            return await core.run(task)
+
+    return anyio.run(run)
+
+
 def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world(
     server: ServerProcess,
 ) -> None:
     """The trainer's side: a dataset row of a pack task, rolled out by the rollout core with a
     scripted model through the batched client, plays the task's patched world and is scored there."""
     from tools.data.environments import build_rows
-    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.client import ToolClient
     from trainer_client.dataset import TaskRow
-    from trainer_client.models import load_tokenizer
-    from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason
+    from trainer_client.rollout import StopReason
 
-    tokenizer = load_tokenizer("smollm2")
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     rows = build_rows(env_pack.pack(), test_fraction=0.0)["train"]
     task = TaskRow.from_row(next(r for r in rows if r["extra_info"]["task"] == "cancel_patched")).task()
     turns = [
@@ -359,15 +368,7 @@ def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world
         '<tool_call>{"name": "cancel_order", "arguments": {"order_id": "o9"}}</tool_call>',
         "<answer>Order o9 is cancelled.</answer>",
     ]
-    script = [ScriptedTurn(tokenizer.encode(t, add_special_tokens=False) + [eos]) for t in turns]
-    generator = ScriptedGenerator(lambda prompt_ids: script, tokenizer=tokenizer, eos_token_ids=[eos])
-
-    async def roll_out() -> Any:
-        async with ToolClient(server.url, token=TOKEN_A) as client:
-            config = RolloutConfig(max_turns=5, verifier_arguments={"mode": "eval"})
-            return await RolloutCore(tokenizer, generator, client, config, verifier=client).run(task)
-
-    trajectory = anyio.run(roll_out)
+    trajectory = roll_out(server, task, turns, max_turns=5, verifier_arguments={"mode": "eval"})
     assert trajectory.error is None and trajectory.stop_reason == StopReason.ANSWER
     tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
     assert '"total":99' in tool_messages[0]["content"]  # the task's patched world
@@ -380,22 +381,10 @@ def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world
 
 
 def test_a_rollout_of_an_unknown_task_ends_with_the_servers_error(server: ServerProcess) -> None:
-    from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.client import ToolClient
-    from trainer_client.models import load_tokenizer
-    from trainer_client.rollout import RolloutCore, StopReason, Task
+    from trainer_client.rollout import StopReason, Task
 
-    tokenizer = load_tokenizer("smollm2")
-    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "o1"}}</tool_call>'
-    script = [ScriptedTurn(tokenizer.encode(text, add_special_tokens=False) + [eos])] * 2
-    generator = ScriptedGenerator(lambda prompt_ids: script, tokenizer=tokenizer, eos_token_ids=[eos])
     task = Task([{"role": "user", "content": "hi"}], ground_truth={"pack": "shop", "task": "gone"})
-
-    async def roll_out() -> Any:
-        async with ToolClient(server.url, token=TOKEN_A) as client:
-            return await RolloutCore(tokenizer, generator, client).run(task)
-
-    trajectory = anyio.run(roll_out)
+    text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "o1"}}</tool_call>'
+    trajectory = roll_out(server, task, [text, text])
     assert trajectory.stop_reason == StopReason.ERROR
     assert trajectory.error is not None and "has no task 'gone'" in trajectory.error
