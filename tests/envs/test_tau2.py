@@ -10,14 +10,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from protocol import ErrorKind, ToolError, VerifyRequest
+from protocol import ErrorKind, ToolError, VerifyRequest, decode_results
+from tests.support.server import ServerProcess, running_server, server_config
 from tools.envs import tau2
-from tools.envs.pack import EnvTask, Pack
+from tools.envs.pack import EnvTask, GoldCall, Pack
 from tools.envs.tau2_domain import DOMAINS, load_domain
 from tools.envs.world import World
 from tools.verifiers.tool_use import score
@@ -331,23 +335,25 @@ def test_tool_errors_are_tau2s_messages(packs) -> None:
 # --------------------------------------------------------------------------- the tool_use reward
 
 
-def scored(pack: Pack, task: EnvTask, actions: list[Action]) -> float:
-    """The eval reward of a rollout that made ``actions`` and then told the customer the facts."""
-    world = our_world(pack, task, actions)
+def rollout(pack: Pack, task: EnvTask, world: World) -> VerifyRequest:
+    """The chat a rollout records for ``world.calls``, ending with the facts told to the customer."""
     messages: list[dict[str, Any]] = [*task.prompt]
     for call in world.calls:
-        messages.append(
-            {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": call.name}}]}
-        )
+        messages.append({"role": "assistant", "content": "<tool_call>...</tool_call>"})
         messages.append({"role": "tool", "name": call.name, "content": json.dumps(call.output or call.error)})
     messages.append({"role": "assistant", "content": "Done. " + "; ".join(task.gold.communicate)})
-    request = VerifyRequest(
+    return VerifyRequest(
         verifier="tool_use",
         ground_truth={"pack": pack.id, "task": task.id},
         messages=messages,
         response_start=len(task.prompt),
     )
-    return score(pack, task, world, request, mode="eval").score
+
+
+def scored(pack: Pack, task: EnvTask, actions: list[Action]) -> float:
+    """The eval reward of a rollout that made ``actions`` and then told the customer the facts."""
+    world = our_world(pack, task, actions)
+    return score(pack, task, world, rollout(pack, task, world), mode="eval").score
 
 
 def test_tool_use_reward_gold_scores_one_and_a_dropped_write_less(packs) -> None:
@@ -363,3 +369,63 @@ def test_tool_use_reward_gold_scores_one_and_a_dropped_write_less(packs) -> None
                     assert scored(pack, task, broken) < 1.0, (domain, task.id)
                     dropped += 1
     assert dropped >= 100
+
+
+# --------------------------------------------------------------------------- served
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    config = server_config(
+        environments=[{"source": "tools.envs.tau2:pack", "arguments": {"domain": "airline"}}]
+    )
+    with running_server(config) as srv:
+        yield srv
+
+
+def test_the_pack_served_books_a_flight_to_a_full_reward(server: ServerProcess, packs) -> None:
+    """A real server: τ²'s nested argument schemas ($defs) pass, a session plays task 8 to 1.0."""
+    pack = packs["airline"]
+    task = pack.task("8")  # lookups, a search, then book_reservation with nested flights/passengers
+    expected = pack.replay(task)
+
+    def play(calls: list[GoldCall]) -> str:
+        session = f"s-{uuid.uuid4().hex}"
+        environment = {"pack": pack.id, "task": task.id}
+        opened = httpx.post(
+            server.url + "/v1/sessions", json={"session": session, "environment": environment}
+        )
+        assert opened.status_code == 201, opened.text
+        for gold in calls:
+            body = {
+                "calls": [
+                    {
+                        "call_id": uuid.uuid4().hex,
+                        "name": gold.name,
+                        "arguments": gold.arguments,
+                        "session": session,
+                    }
+                ]
+            }
+            response = httpx.post(server.url + "/v1/calls", json=body, timeout=30)
+            assert response.status_code == 200, response.text
+            result = decode_results(response.content)[0]
+            assert not result.is_error, result.text
+            record = next(r for r in expected.calls if r.name == gold.name and r.arguments == gold.arguments)
+            # the server wraps a non-object output (a list of flights) as {"result": ...}
+            assert result.structured in (record.output, {"result": record.output})
+        return session
+
+    def verify(session: str, world: World) -> dict[str, Any]:
+        request = rollout(pack, task, world)
+        body = {"requests": [{**request.__dict__, "session": session, "arguments": {"mode": "eval"}}]}
+        verified = httpx.post(server.url + "/v1/verify", json=body, timeout=60)
+        assert verified.status_code == 200, verified.text
+        return verified.json()["results"][0]
+
+    assert verify(play(task.gold.calls), expected)["score"] == 1.0
+    without_booking = [c for c in task.gold.calls if c.name != "book_reservation"]
+    partial = verify(
+        play(without_booking), our_world(pack, task, [(c.name, c.arguments) for c in without_booking])
+    )
+    assert partial["score"] == 0.0 and partial["components"]["state"] == 0.0
