@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
+import decimal
 import inspect
 import json
 import random
@@ -24,6 +25,7 @@ from typing import Any
 
 import httpx
 import jsonschema
+import mpmath
 import pytest
 
 from tests.support.require import require
@@ -51,6 +53,16 @@ from tools.verifiers.tool_use import DEFAULT_WEIGHTS, score  # noqa: E402
 pytestmark = pytest.mark.timeout(600)
 WEIGHTED = set(DEFAULT_WEIGHTS) - {"penalty"}  # the components a train score sums (1.0 at best)
 OWNER = {doc["name"]: name for name, docs in function_docs().items() for doc in docs}  # function -> class
+
+
+@pytest.fixture(autouse=True)
+def _process_precision_kept() -> Iterator[None]:
+    """BFCL's own executor (run here for comparison) leaves mpmath's and decimal's precision
+    where its last logarithm or square_root put them: not for the tests that follow."""
+    with decimal.localcontext():
+        precision = mpmath.mp.prec
+        yield
+        mpmath.mp.prec = precision
 
 
 @pytest.fixture(scope="module")
@@ -570,6 +582,27 @@ def mutable_parts(value: Any, out: dict[int, Any] | None = None) -> dict[int, An
         for item in vars(value).values():
             mutable_parts(item, out)
     return out
+
+
+def test_math_calls_leave_the_process_precision_alone(
+    packs: dict[str, Pack], bfcl_entries: dict[str, dict[str, Entry]]
+) -> None:
+    """logarithm sets mpmath's global precision, square_root the decimal context: for good,
+    in BFCL; a served call must leave both as it found them (other tools use mpmath)."""
+    pack = packs["multi_turn_base"]
+    task = next(t for t in pack.tasks if "MathAPI" in t.metadata["involved_classes"])
+    world = pack.new_world(task)
+    mp_before, decimal_before = mpmath.mp.prec, decimal.getcontext().prec
+    log = pack.call(world, "logarithm", {"value": 630.0, "base": 10, "precision": 5})
+    root = pack.call(world, "square_root", {"number": 2, "precision": 3})
+    assert (mpmath.mp.prec, decimal.getcontext().prec) == (mp_before, decimal_before)
+    assert root == {"result": 1.41}
+    theirs = run_bfcl(
+        bfcl_entries["multi_turn_base"][task.id],
+        "multi_turn_base",
+        [["logarithm(value=630.0, base=10, precision=5)"]],
+    )
+    assert log == bfcl_value(theirs.results[0]) == {"result": 2.7993393}
 
 
 def test_refusals_exceptions_and_bad_arguments_are_tool_errors(

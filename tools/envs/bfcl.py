@@ -24,9 +24,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import decimal
 import inspect
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from typing import Any
 
@@ -145,17 +148,39 @@ def _method_call(class_name: str, method_name: str) -> Callable[..., Any]:
         # mentions list, which mention later extends), and that must be neither the caller's
         # list (a gold call's) nor post_tweet's default [], which every session shares.
         bound.apply_defaults()
-        try:
-            result = method(**copy.deepcopy(bound.arguments))
-        except Exception as exc:  # BFCL reports these as "Error during execution"
-            raise ToolError(f"{method_name}: {type(exc).__name__}: {exc}", ErrorKind.TOOL_ERROR) from None
-        refusal = _refusal(result)
-        if refusal is not None:
-            raise ToolError(refusal, ErrorKind.TOOL_ERROR)
-        return _jsonable(result)
+        with _contained():
+            try:
+                result = method(**copy.deepcopy(bound.arguments))
+            except Exception as exc:  # BFCL reports these as "Error during execution"
+                raise ToolError(f"{method_name}: {type(exc).__name__}: {exc}", ErrorKind.TOOL_ERROR) from None
+            refusal = _refusal(result)
+            if refusal is not None:
+                raise ToolError(refusal, ErrorKind.TOOL_ERROR)
+            return _jsonable(result)  # in here: an mpf shows the digits of the call's precision
 
     run.__name__ = method_name
     return run
+
+
+_ONE_AT_A_TIME = threading.Lock()
+
+
+@contextlib.contextmanager
+def _contained() -> Iterator[None]:
+    """Keep what BFCL's methods set process-wide to the call that set it.
+
+    MathAPI.logarithm sets mpmath's global precision and square_root the thread's decimal
+    precision, for good; long-context get_outside_temperature_from_google writes its answer
+    into a module dict it returns. Other sessions and tools in the server (math-verify's
+    sympy uses mpmath) must not see them: calls run one at a time, in a decimal context of
+    their own, and mpmath's precision is put back.
+    """
+    with _ONE_AT_A_TIME, decimal.localcontext():
+        precision = mpmath.mp.prec
+        try:
+            yield
+        finally:
+            mpmath.mp.prec = precision
 
 
 def _refusal(result: Any) -> str | None:
