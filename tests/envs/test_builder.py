@@ -15,20 +15,24 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
-from protocol import VerifyRequest
+from protocol import VerifyRequest, decode_results, decode_verify_results
 from tests.support.openai_server import create_app, serve_in_thread, shared_chat_model
 from tests.support.scripted_openai import ScriptedChat
+from tests.support.server import running_server, server_config
 from tools.envs.builder import BuildConfig, ChatModel, SandboxExecutor, build, load_built_pack
 from tools.envs.builder.cli import configure, run
 from tools.envs.builder.gate import ProbePool, leak_probes, mentions
 from tools.envs.builder.loader import SANDBOXED, built_tools
 from tools.envs.pack import EnvTask, Pack, PackInfo, call_depths, load_pack
+from tools.sandbox import SandboxError
 from tools.verifiers.tool_use import score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -222,6 +226,10 @@ def library_script() -> dict[str, list[Any]]:
 @pytest.fixture(scope="module")
 def executor():
     with SandboxExecutor() as ex:
+        try:
+            ex.parameters("def f(world):\n    return 1", ["f"])
+        except SandboxError as exc:
+            pytest.fail(f"generated tools run only in the sandbox, and it cannot start here: {exc}")
         yield ex
 
 
@@ -333,6 +341,50 @@ def test_the_loaded_pack_replays_its_gold_in_the_sandbox_and_scores_full_marks(b
         and "toolset_extension" in extended.complexity.scaling
     )
     assert lend.reward_basis == ["calls", "state", "answer"] and extended.reward_basis == ["calls", "answer"]
+
+
+def test_the_built_pack_served_as_a_source_plays_a_task_and_is_scored(built) -> None:
+    """The server loads the pack with ``load_built_pack`` as an environment source; calls run sandboxed."""
+    _, _, out = built
+    source = {"source": "tools.envs.builder:load_built_pack", "arguments": {"path": str(out / "pack")}}
+    with running_server(server_config(environments=[source])) as srv:
+        pack_id = yaml.safe_load((out / "pack" / "pack.yaml").read_text())["id"]
+        session = f"s-{os.getpid()}-lend"
+        opened = httpx.post(
+            srv.url + "/v1/sessions",
+            json={"session": session, "environment": {"pack": pack_id, "task": "l3-1"}},
+        )
+        assert opened.status_code == 201, opened.text
+        gold = [
+            ("find_books_by_author", {"author": "Austen"}),
+            ("borrow_book", {"member_id": "m1", "book_id": "b2"}),
+        ]
+        results = [_served_call(srv.url, name, arguments, session) for name, arguments in gold]
+        assert [r.is_error for r in results] == [False, False] and results[1].structured["title"] == "Emma"
+        other = f"s-{os.getpid()}-other"  # another session's world is untouched
+        assert _served_call(srv.url, "get_book", {"book_id": "b2"}, other).structured["available"] is True
+        refused = _served_call(srv.url, "borrow_book", {"member_id": "m1", "book_id": "b3"}, other)
+        assert refused.is_error and "Persuasion is on loan" in refused.error.message  # the sandboxed refusal
+        messages = [{"role": "user", "content": "lend it"}]
+        for (name, arguments), result in zip(gold, results, strict=True):
+            text = json.dumps({"name": name, "arguments": arguments})
+            messages += [{"role": "assistant", "content": f"<tool_call>{text}</tool_call>"},
+                         {"role": "tool", "name": name, "content": result.text}]  # fmt: skip
+        messages.append({"role": "assistant", "content": "Lent. <answer>Emma</answer>"})
+        request = {"verifier": "tool_use", "response": messages[-1]["content"], "ground_truth": {"pack": pack_id, "task": "l3-1"},
+                   "messages": messages, "response_start": 1, "session": session, "arguments": {"mode": "eval"}}  # fmt: skip
+        verdict = httpx.post(srv.url + "/v1/verify", json={"requests": [request]}, timeout=60)
+        result = decode_verify_results(verdict.content)[0]
+        assert not result.is_error and result.score == 1.0, json.dumps(result.components)[:3000]
+
+
+def _served_call(url: str, name: str, arguments: dict[str, Any], session: str):
+    body = {
+        "calls": [{"call_id": uuid.uuid4().hex, "name": name, "arguments": arguments, "session": session}]
+    }
+    response = httpx.post(url + "/v1/calls", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return decode_results(response.content)[0]
 
 
 def test_generated_code_runs_confined_not_in_this_process(executor) -> None:

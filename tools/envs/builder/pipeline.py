@@ -27,6 +27,7 @@ from tools.envs.builder.report import Report
 from tools.envs.builder.sandboxed import SandboxExecutor
 from tools.envs.builder.stages import decompose, document, integrate, scale
 from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths
+from tools.sandbox import SandboxError
 
 __all__ = ["STAGES", "BuildConfig", "build"]
 
@@ -118,6 +119,8 @@ def build(config: BuildConfig) -> Report:
         report.fail(stage, str(exc))
     except BuildError as exc:
         report.fail(stage, str(exc))
+    except SandboxError as exc:  # generated code cannot be checked without the sandbox: stop, say why
+        report.fail(stage, f"the sandbox cannot run generated code here: {exc}")
     finally:
         bar.close()
         if config.executor is None:
