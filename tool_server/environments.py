@@ -20,8 +20,8 @@ from protocol import ErrorKind, Result, ToolContext, ToolError, ToolMeta
 from tool_server.config import ConfigError, EnvironmentSpec
 from tool_server.registry import Registry, ToolEntry
 from tool_server.upstream import schema_validator
-from tools.envs.host import EnvHost, open_pack
-from tools.envs.pack import EnvTool, Pack, load_pack
+from tools.envs.host import EnvHost, load_directory, open_pack
+from tools.envs.pack import EnvTool, Pack
 
 __all__ = ["TOOL_USE", "add_environments", "check_environment", "load_environment"]
 
@@ -36,7 +36,7 @@ def load_environment(spec: EnvironmentSpec) -> Pack:
         if spec.path is not None:
             if spec.arguments:
                 raise ValueError("'arguments' apply to a 'source', not to a 'path'")
-            return load_pack(ref)
+            return load_directory(ref)
         return open_pack(ref, spec.arguments)
     except (ValueError, OSError) as exc:
         raise ConfigError(f"environments entry {ref!r}: {exc}") from exc

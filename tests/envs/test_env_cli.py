@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -261,3 +262,81 @@ def test_serving_two_packs_with_the_same_tool_names_needs_a_prefix(tmp_path: Pat
     assert "toolsets: shop, shop_b, verifiers" in both.stdout
     neither = check([{"toolset": "x"}])
     assert neither.returncode == 2 and "give exactly one of 'path' and 'source'" in neither.stderr
+
+
+BUILT_SOURCE = """
+def get_item(world, item_id):
+    item = world["items"].peek(item_id)
+    if item is None:
+        raise ToolError("no item " + item_id)
+    return item
+
+
+def mark_sold(world, item_id):
+    item = world["items"][item_id]
+    item["sold"] = True
+    return item
+"""
+
+
+def test_a_built_pack_validates_and_serves_its_tools_from_the_sandbox(tmp_path: Path) -> None:
+    """A pack the builder wrote (trusted: false) is read without importing its code: its tools run
+    in sandbox workers, for `env validate` and for the server alike."""
+    import uuid
+
+    import httpx
+
+    from protocol import decode_results
+    from tests.support.server import running_server
+    from tools.envs.builder.loader import write_built_pack
+    from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, PackInfo
+
+    item_id = {"type": "object", "properties": {"item_id": {"type": "string"}}, "required": ["item_id"]}
+    documents = [
+        {
+            "name": "get_item",
+            "description": "Get an item.",
+            "parameters": item_id,
+            "reads": ["items"],
+            "writes": [],
+        },
+        {
+            "name": "mark_sold",
+            "description": "Sell it.",
+            "parameters": item_id,
+            "reads": ["items"],
+            "writes": ["items"],
+        },
+    ]
+    calls = [GoldCall("mark_sold", {"item_id": "i1"})]
+    task = EnvTask(
+        "sell", [{"role": "user", "content": "Sell i1."}], Gold(calls), Complexity.from_calls(calls)
+    )
+    state = {"items": {"i1": {"sold": False}}}
+    root = write_built_pack(
+        tmp_path / "built", PackInfo("built_shop", origin="built"), documents, BUILT_SOURCE, state, [task]
+    )
+    validated = cli("validate", str(root), "--quiet")
+    assert validated.returncode == 0, validated.stdout + validated.stderr
+    assert "1 of 1 tasks valid" in validated.stdout
+
+    def run(srv: Any, name: str, session: str) -> Any:
+        body = {
+            "calls": [
+                {
+                    "call_id": uuid.uuid4().hex,
+                    "name": name,
+                    "arguments": {"item_id": "i1"},
+                    "session": session,
+                }
+            ]
+        }
+        return decode_results(httpx.post(srv.url + "/v1/calls", json=body, timeout=60).content)[0]
+
+    with running_server({"tools": [], "environments": [{"path": str(root)}]}) as srv:
+        seller, other = f"s-{uuid.uuid4().hex}", f"s-{uuid.uuid4().hex}"
+        sold = run(srv, "mark_sold", seller)
+        assert not sold.is_error, sold.text
+        assert sold.structured == {"sold": True}
+        assert run(srv, "get_item", seller).structured == {"sold": True}
+        assert run(srv, "get_item", other).structured == {"sold": False}

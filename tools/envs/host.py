@@ -28,7 +28,7 @@ from protocol import ErrorKind, SessionState, ToolContext, ToolError, VerifyRequ
 from tools.envs.pack import EnvTask, Pack, load_pack
 from tools.envs.world import CallRecord, World, _jsonable
 
-__all__ = ["Binding", "EnvHost", "open_pack", "parse_arguments", "resolve_ground_truth"]
+__all__ = ["Binding", "EnvHost", "load_directory", "open_pack", "parse_arguments", "resolve_ground_truth"]
 
 _WORLDS_KEY = "toolfactory.env.worlds"  # SessionState.data: pack id -> _SessionWorld
 _BINDING_KEY = "toolfactory.env.binding"  # SessionState.data: the session's Binding
@@ -62,7 +62,19 @@ def open_pack(ref: str, arguments: Mapping[str, Any] | None = None) -> Pack:
         raise ValueError(f"environment {ref!r} is a directory: 'arguments' only apply to a source")
     if not Path(ref).expanduser().is_dir():
         raise ValueError(f"environment {ref!r} is neither a pack directory nor a 'module:callable' source")
-    return load_pack(ref)
+    return load_directory(ref)
+
+
+def load_directory(path: str | Path) -> Pack:
+    """A pack directory: a trusted one imports its tools module (``load_pack``); a built one
+    (``trusted: false`` in pack.yaml, written by the builder) runs its tools in the sandbox."""
+    meta_path = Path(path).expanduser() / "pack.yaml"
+    meta = yaml.safe_load(meta_path.read_text()) if meta_path.is_file() else None
+    if isinstance(meta, dict) and meta.get("trusted") is False:
+        from tools.envs.builder.loader import load_built_pack  # the sandbox, only when needed
+
+        return load_built_pack(path)
+    return load_pack(path)
 
 
 def parse_arguments(pairs: Iterable[str]) -> dict[str, Any]:
