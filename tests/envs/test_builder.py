@@ -29,10 +29,10 @@ from tests.support.scripted_openai import ScriptedChat
 from tests.support.server import running_server, server_config
 from tools.envs.builder import BuildConfig, ChatModel, SandboxExecutor, build, load_built_pack
 from tools.envs.builder.cli import configure, run
-from tools.envs.builder.gate import ProbePool, leak_probes, mentions
-from tools.envs.builder.loader import SANDBOXED, built_tools
-from tools.envs.pack import EnvTask, Pack, PackInfo, call_depths, load_pack
-from tools.sandbox import SandboxError
+from tools.envs.builder.gate import ProbePool, leak_probes, mentions, run_gate
+from tools.envs.builder.loader import SANDBOXED, assemble_source, built_tools
+from tools.envs.pack import EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths, load_pack
+from tools.sandbox import SandboxError, SandboxLimits
 from tools.verifiers.tool_use import score
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -497,3 +497,54 @@ def test_a_real_small_model_is_judged_never_crashes(tmp_path, executor) -> None:
     for log in report.stages.values():
         assert all(item["reason"] for item in log.rejected)
     assert json.loads((tmp_path / "report.json").read_text())["status"] == report.status
+
+
+GATE_SOURCES = {
+    "get": 'def get(world, key):\n    return world["items"][key]',
+    "roll": "def roll(world, key):\n    import random\n    return random.random()",
+    "touch": 'def touch(world, key):\n    return world["items"][key]["name"]',
+    "sneaky": 'def sneaky(world, key):\n    world["items"][key]["name"] = "x"\n    return "ok"',
+    "crash": "def crash(world, key):\n    return 1 / 0",
+    "spin": "def spin(world, key):\n    while True:\n        pass",
+}
+GATE_TABLES = {"get": ([], []), "touch": ([], ["items"]), "sneaky": (["items"], [])}
+
+
+def _gate_task(task_id: str, calls: list[dict[str, Any]], answer: str | None = None) -> EnvTask:
+    gold = Gold([GoldCall(c["name"], c["arguments"], c["id"], c["depends_on"]) for c in calls], answer)
+    return EnvTask(task_id, [{"role": "user", "content": task_id}], gold)
+
+
+def test_the_gate_says_why_each_broken_task_fails() -> None:
+    docs = [
+        {"name": name, "description": name, "parameters": {"type": "object", "properties": {"key": ID}},
+         "reads": GATE_TABLES.get(name, (["items"], []))[0], "writes": GATE_TABLES.get(name, ([], []))[1]}
+        for name in GATE_SOURCES
+    ]  # fmt: skip
+    state = {"items": {"a": {"name": "apple", "next": "c"}, "b": {"name": "bean", "next": "a"}}}
+    tasks = [
+        _gate_task("ok", [_call("c0", "get", key="b"), _call("c1", "get", ("c0",), key="a")], "apple"),
+        _gate_task("random", [_call("c0", "roll", key="a")]),
+        _gate_task("no_write", [_call("c0", "touch", key="a")]),
+        _gate_task("read_only_writes", [_call("c0", "sneaky", key="a")]),
+        _gate_task("crash", [_call("c0", "crash", key="a")]),
+        _gate_task("spin", [_call("c0", "spin", key="a")]),
+        _gate_task("ungrounded", [_call("c0", "get", key="a")], "pear"),
+        _gate_task("fake_dependency", [_call("c0", "get", key="a"), _call("c1", "get", ("c0",), key="b")]),
+    ]
+    limits = SandboxLimits(timeout_s=2.0, cpu_s=1, max_output_bytes=1 << 20)
+    with SandboxExecutor(limits) as ex:
+        source = assemble_source(GATE_SOURCES)
+        draft = Pack(PackInfo("gate"), built_tools(docs, source, ex), state, tasks, trusted=False)
+        result = run_gate(draft, source, ex)
+    reasons = {r["candidate"]: r["reason"] for r in result.tasks.rejected}
+    assert [t.id for t in result.accepted] == ["ok"]
+    assert result.accepted[0].gold.calls[1].output == {"name": "apple", "next": "c"}  # outputs from replay
+    assert reasons["random"].startswith("not reproducible")
+    assert reasons["no_write"] == "calls a writing tool but leaves the state unchanged"
+    assert "sneaky is read-only but changed items" in reasons["read_only_writes"]
+    assert "ZeroDivisionError" in reasons["crash"]
+    assert "timed out" in reasons["spin"]
+    assert reasons["ungrounded"] == "its answer 'pear' appears in no gold call's output"
+    assert "call c1 depends on c0 but takes none of its argument values" in reasons["fake_dependency"]
+    assert result.rejected_tools == set() and result.tools.accepted == len(GATE_SOURCES)
