@@ -388,3 +388,30 @@ def test_a_rollout_of_an_unknown_task_ends_with_the_servers_error(server: Server
     trajectory = roll_out(server, task, [text, text])
     assert trajectory.stop_reason == StopReason.ERROR
     assert trajectory.error is not None and "has no task 'gone'" in trajectory.error
+
+
+def test_a_sessions_calls_in_one_batch_run_in_order(server: ServerProcess) -> None:
+    session = sid()
+    steps = [
+        ("cancel_order", {"order_id": "o1"}),
+        ("get_order", {"order_id": "o1"}),
+        ("delete_order", {"order_id": "o1"}),
+        ("get_order", {"order_id": "o1"}),
+    ]
+    calls = [
+        {"call_id": uuid.uuid4().hex, "name": name, "arguments": arguments, "session": session}
+        for name, arguments in steps
+    ]
+    others = [  # another session's calls in the same POST run beside them, in their own world
+        {"call_id": uuid.uuid4().hex, "name": "get_order", "arguments": {"order_id": "o1"}, "session": sid()}
+        for _ in range(4)
+    ]
+    response = httpx.post(
+        server.url + "/v1/calls", json={"calls": calls + others}, headers=headers(), timeout=30
+    )
+    results = decode_results(response.content)
+    assert results[0].structured["status"] == "cancelled"
+    assert results[1].structured["status"] == "cancelled"
+    assert results[2].text == "deleted o1"
+    assert results[3].is_error and "no order 'o1'" in results[3].text
+    assert all(r.structured["status"] == "pending" for r in results[4:])
