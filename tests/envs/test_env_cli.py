@@ -84,6 +84,10 @@ def test_validate_passes_a_good_pack_and_names_each_broken_task(config: Path) ->
         line.startswith(("shop/look", "shop/cancel_patched", "shop/user_then_cancel")) for line in lines
     )
     assert "3 of 6 tasks valid, 3 with problems" in bad.stdout
+    allowed = cli("validate", SOURCE, "--arg", "broken=true", "--allow-failing-gold")
+    assert allowed.returncode == 1  # the missing tool and the wrong level remain
+    assert "gold_fails" not in allowed.stdout
+    assert "4 of 6 tasks valid, 2 with problems; 2 gold calls fail in the replay (allowed)" in allowed.stdout
 
 
 def test_export_writes_a_directory_that_loads_and_validates(tmp_path: Path) -> None:
