@@ -455,7 +455,7 @@ def _forget_checker_instances() -> Iterator[None]:
 
 
 def test_read_only_tools_leave_the_compared_state_alone(packs: dict[str, Pack]) -> None:
-    """Step through every gold call: a tool marked read-only never changes BFCL's compared state."""
+    """Step through every gold call: a tool not marked ``writes`` never changes BFCL's compared state."""
     changed_by: set[str] = set()
     seen: set[str] = set()
     for pack in packs.values():
@@ -474,7 +474,9 @@ def test_read_only_tools_leave_the_compared_state_alone(packs: dict[str, Pack]) 
     read_only = {t.name for t in packs["multi_turn_base"].tools if not t.writes}
     assert changed_by & read_only == set()
     writes_seen = seen - read_only
-    assert writes_seen - changed_by == set()  # every write the gold uses does write
+    # every write the gold uses changes the compared state, but those that move what only
+    # later calls read (cd's cursor, the vehicle's random stream): not safe to retry either
+    assert writes_seen - changed_by <= {"cd", "get_current_speed", "get_outside_temperature_from_google"}
     assert len(writes_seen) > 30
 
 
@@ -735,7 +737,7 @@ def test_the_pack_served_plays_a_task_to_a_full_reward(server: ServerProcess, pa
 
     short = f"s-{uuid.uuid4().hex}"  # a session that skips the last write (the diff)
     httpx.post(server.url + "/v1/sessions", json={"session": short, "environment": environment})
-    session, dropped = short, next(c for c in reversed(task.gold.calls) if pack.tool(c.name).writes)
+    session, dropped = short, next(c for c in reversed(task.gold.calls) if c.name == "mv")
     assert dropped.arguments == {"source": "previous_report.pdf", "destination": "temp"}
     for gold in task.gold.calls:
         if gold is not dropped:
