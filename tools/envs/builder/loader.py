@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from tools.envs.builder.sandboxed import SandboxExecutor, ToolSpec, default_executor
+from tools.envs.builder.sandboxed import SandboxExecutor, ToolSpec, pack_executor
 from tools.envs.pack import EnvTask, EnvTool, Pack, PackInfo, dump_pack
 
 __all__ = ["SANDBOXED", "assemble_source", "built_tools", "load_built_pack", "write_built_pack"]
@@ -84,7 +84,11 @@ def write_built_pack(
 
 
 def load_built_pack(path: str | Path, executor: SandboxExecutor | None = None) -> Pack:
-    """A built (untrusted) pack whose tools run in the sandbox. ValueError names what is wrong."""
+    """A built (untrusted) pack whose tools run in the sandbox. ValueError names what is wrong.
+
+    Without ``executor`` the pack gets sandbox workers of its own (no other pack's code
+    ever runs in them), closed at exit.
+    """
     root = Path(path).expanduser()
     meta_path = root / "pack.yaml"
     if not meta_path.is_file():
@@ -115,5 +119,5 @@ def load_built_pack(path: str | Path, executor: SandboxExecutor | None = None) -
         **{k: str(meta[k]) for k in ("id", "version", "origin", "domain", "description") if k in meta}
     )
     policy = (root / str(meta["policy"])).read_text() if meta.get("policy") else ""
-    tools = built_tools(documents, source, executor or default_executor())
+    tools = built_tools(documents, source, executor or pack_executor())
     return Pack(info, tools, state, tasks, policy=policy, trusted=False)

@@ -9,10 +9,12 @@ records the call changed; ``SandboxExecutor.call`` applies those changes to the 
 tool's refusal as ``protocol.ToolError``. So the world never leaves the server as
 anything but JSON, and nothing the generated code does reaches the server's memory.
 
-Workers are reused for ``calls_per_worker`` calls (each call loads the module afresh
-in a new namespace); a generated module could still leave something behind in the
-interpreter (``sys.modules``, builtins), so packs that must be strictly reproducible
-use ``calls_per_worker=1`` (a fresh interpreter per call).
+Workers are reused for ``calls_per_worker`` calls: the runner is defined once per worker,
+and each call loads the tool module afresh in a new namespace. Generated code could still
+leave something behind in the interpreter (``sys.modules``, builtins, the runner itself),
+which can only reach later calls of the same executor: give each pack its own
+(``pack_executor``; ``load_built_pack`` does), and use ``calls_per_worker=1`` (a fresh
+interpreter per call, ~15x slower) where calls must not see each other at all.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ from protocol import ErrorKind, ToolError
 from tools.envs.world import World, _jsonable
 from tools.sandbox import SandboxLimits, SandboxWorker
 
-__all__ = ["SandboxExecutor", "ToolSpec", "default_executor"]
+__all__ = ["SandboxExecutor", "ToolSpec", "pack_executor"]
 
-_RUNNER = (Path(__file__).with_name("runner.py")).read_text() + "\n_tf_main()\n"
+_RUNNER = Path(__file__).with_name("runner.py").read_text()  # defined once per worker, then called
 _LIMITS = SandboxLimits(timeout_s=10.0, cpu_s=5, memory_mb=512, max_output_bytes=4 << 20)
 _KINDS = {"tool_error": ErrorKind.TOOL_ERROR, "invalid_arguments": ErrorKind.INVALID_ARGUMENTS}
 
@@ -150,7 +152,8 @@ class SandboxExecutor:
                 self._portal_cm = anyio.from_thread.start_blocking_portal()
                 self._portal = self._portal_cm.__enter__()
             portal = self._portal
-        return portal.call(lambda: worker.run(_RUNNER, stdin=stdin))
+        code = "_tf_main()" if id(worker) in self._uses else _RUNNER + "\n_tf_main()"
+        return portal.call(lambda: worker.run(code, stdin=stdin))
 
     def _lease(self) -> SandboxWorker:
         while True:
@@ -180,7 +183,7 @@ class SandboxExecutor:
                 self._retire(worker)
 
     def _release(self, worker: SandboxWorker, keep: bool) -> None:
-        uses = self._uses.get(id(worker), 0) + 1
+        uses = self._uses.get(id(worker), 0) + 1  # present: the worker has the runner defined
         if keep and worker.alive and uses < self.calls_per_worker:
             self._uses[id(worker)] = uses
             self._idle.put(worker)
@@ -232,15 +235,8 @@ def _apply(spec: ToolSpec, world: World, changes: Any) -> None:
                 table[key] = record
 
 
-_DEFAULT: SandboxExecutor | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_executor() -> SandboxExecutor:
-    """The process's shared executor (started on first use, closed at exit)."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            _DEFAULT = SandboxExecutor()
-            atexit.register(_DEFAULT.close)
-        return _DEFAULT
+def pack_executor(**kwargs: Any) -> SandboxExecutor:
+    """A new executor for one pack's tools, closed when the process exits."""
+    executor = SandboxExecutor(**kwargs)
+    atexit.register(executor.close)
+    return executor
