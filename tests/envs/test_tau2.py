@@ -319,11 +319,16 @@ def test_reads_copy_nothing_and_writes_copy_only_what_they_touch(packs) -> None:
     assert user["user_id"] == "mia_li_3668"
     assert world.touched() == set()  # scans and lookups read the shared base in place
     reservation = next(iter(user["reservations"]))
-    pack.call(world, "update_reservation_baggages", _baggage_args(pack, world, reservation))
+    bags = _baggage_args(pack, world, reservation)
+    pack.call(world, "update_reservation_baggages", bags)
     assert ("reservations", reservation) in world.changed()
     assert len(world.touched()) <= 3  # the reservation, its user (payment), nothing else
+    # a read tool sees the session's own write; another session sees the base
+    read = {"reservation_id": reservation}
+    assert pack.call(world, "get_reservation_details", read)["total_baggages"] == bags["total_baggages"]
     other = pack.new_world()
-    assert other.changed() == set()  # another session sees the base
+    assert pack.call(other, "get_reservation_details", read)["total_baggages"] == bags["total_baggages"] - 1
+    assert other.touched() == set()
 
 
 def _baggage_args(pack: Pack, world: World, reservation: str) -> dict[str, Any]:
