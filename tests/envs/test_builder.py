@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from protocol import VerifyRequest, decode_results, decode_verify_results
+from protocol import ToolError, VerifyRequest, decode_results, decode_verify_results
 from tests.support.openai_server import create_app, serve_in_thread, shared_chat_model
 from tests.support.scripted_openai import ScriptedChat
 from tests.support.server import running_server, server_config
@@ -438,6 +438,11 @@ def test_a_half_done_stage_resumes_where_it_stopped(tmp_path, executor) -> None:
     assert [k for k in second.stages() if k.startswith("function")] == [
         "function get_member", "function get_book_status", "function borrow_book",
     ]  # fmt: skip
+    third = ScriptedChat({"tasks level-2": [LEVEL_2]})  # a rerun with one more level asks for it alone
+    with serve_in_thread(third.app) as url:
+        report = _build(url, tmp_path, executor, levels=[1, 2])
+    assert report.status == "built" and third.stages() == ["tasks level-2"] and third.left() == {}
+    assert report.levels == {1: 1, 2: 1}
 
 
 def test_leak_probes_vary_each_argument_with_values_of_the_world() -> None:
@@ -548,3 +553,17 @@ def test_the_gate_says_why_each_broken_task_fails() -> None:
     assert reasons["ungrounded"] == "its answer 'pear' appears in no gold call's output"
     assert "call c1 depends on c0 but takes none of its argument values" in reasons["fake_dependency"]
     assert result.rejected_tools == set() and result.tools.accepted == len(GATE_SOURCES)
+
+
+def test_a_tool_that_tampers_with_the_runner_only_loses_its_worker() -> None:
+    tamper = (
+        "def tamper(world):\n    import sys\n"
+        "    sys._getframe(1).f_globals['_tf_main'] = lambda: 'not a reply'\n    return 'done'"
+    )
+    doc = {"name": "tamper", "description": "", "parameters": {"type": "object"}, "reads": [], "writes": []}
+    with SandboxExecutor(max_workers=1) as ex:
+        pack = Pack(PackInfo("tamper"), built_tools([doc], tamper, ex), {"t": {}}, trusted=False)
+        assert pack.call(pack.new_world(), "tamper", {}) == "done"
+        with pytest.raises(ToolError, match="the sandbox's reply is malformed"):
+            pack.call(pack.new_world(), "tamper", {})  # the same worker: its runner was replaced
+        assert pack.call(pack.new_world(), "tamper", {}) == "done"  # a fresh worker

@@ -71,10 +71,16 @@ def _config(args: argparse.Namespace) -> BuildConfig:
 def run(args: argparse.Namespace) -> int:
     try:
         config = _config(args)
+    except ValueError as exc:
+        print(f"env build: {exc}", file=sys.stderr)
+        return 2
+    try:
         report = build(config)
     except ValueError as exc:
         print(f"env build: {exc}", file=sys.stderr)
         return 2
+    finally:
+        config.model.close()
     print(report.table())
     print(f"report: {config.out / 'report.json'}")
     return 0 if report.status == "built" else 1

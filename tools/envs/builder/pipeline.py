@@ -57,6 +57,10 @@ class BuildConfig:
         self.out = Path(self.out).expanduser()
 
 
+class _StageFailed(Exception):
+    """A stage ended without an acceptable output (the report says why)."""
+
+
 class _Store:
     """Accepted stage outputs under ``<out>/stages``, tied to one scenario."""
 
@@ -129,10 +133,6 @@ def build(config: BuildConfig) -> Report:
     return report
 
 
-class _StageFailed(Exception):
-    pass
-
-
 def _once(store: _Store, report: Report, name: str, run: Any) -> dict[str, Any]:
     saved, complete = _resume(store, name, report)
     if complete:
@@ -182,19 +182,20 @@ def _functions(
 def _tasks(
     config: BuildConfig, store: _Store, report: Report, documents: dict[str, Any], tools: list[str]
 ) -> list[dict[str, Any]]:
-    saved, complete = _resume(store, "tasks", report)
+    """Tasks of the configured levels; levels composed before are reused (a rerun may add levels)."""
+    saved, _ = _resume(store, "tasks", report)
     output: dict[str, Any] = saved or {"levels": {}}
-    if not complete:
+    todo = [lv for lv in config.levels if str(lv) not in output["levels"]]
+    if todo:
         log = report.stages.setdefault("tasks", StageLog())
         log.resumed = False
-        todo = [lv for lv in config.levels if str(lv) not in output["levels"]]
         for level in tqdm(todo, desc="tasks", unit="level", disable=not config.progress, leave=False):
             output["levels"][str(level)] = scale(
                 config.model, level, config.tasks_per_level, documents, tools, log, config.attempts
             )
             store.save("tasks", output, log, complete=False)
         store.save("tasks", output, log)
-    tasks = [task for level in sorted(output["levels"], key=int) for task in output["levels"][level]]
+    tasks = [task for level in sorted(config.levels) for task in output["levels"][str(level)]]
     if not tasks:
         raise _StageFailed("no level produced a valid task")
     return tasks

@@ -100,8 +100,14 @@ class SandboxExecutor:
                     "kind": "crash",
                     "error": "the tool's reply is over the sandbox's size limit",
                 }
+            try:
+                reply = json.loads(ast.literal_eval(result.value))
+            except (ValueError, SyntaxError, TypeError):
+                reply = None
+            if not isinstance(reply, dict):  # the generated code tampered with the runner: drop the worker
+                return {"ok": False, "kind": "crash", "error": "the sandbox's reply is malformed"}
             keep = True
-            return json.loads(ast.literal_eval(result.value))
+            return reply
         finally:
             self._release(worker, keep)
 
@@ -152,7 +158,7 @@ class SandboxExecutor:
                 self._portal_cm = anyio.from_thread.start_blocking_portal()
                 self._portal = self._portal_cm.__enter__()
             portal = self._portal
-        code = "_tf_main()" if id(worker) in self._uses else _RUNNER + "\n_tf_main()"
+            code = "_tf_main()" if id(worker) in self._uses else _RUNNER + "\n_tf_main()"
         return portal.call(lambda: worker.run(code, stdin=stdin))
 
     def _lease(self) -> SandboxWorker:
@@ -183,15 +189,19 @@ class SandboxExecutor:
                 self._retire(worker)
 
     def _release(self, worker: SandboxWorker, keep: bool) -> None:
-        uses = self._uses.get(id(worker), 0) + 1  # present: the worker has the runner defined
-        if keep and worker.alive and uses < self.calls_per_worker:
-            self._uses[id(worker)] = uses
+        with self._lock:
+            uses = self._uses.get(id(worker), 0) + 1  # present: the worker has the runner defined
+            keep = keep and worker.alive and uses < self.calls_per_worker
+            if keep:
+                self._uses[id(worker)] = uses
+        if keep:
             self._idle.put(worker)
         else:
             self._retire(worker)
 
     def _retire(self, worker: SandboxWorker) -> None:
-        self._uses.pop(id(worker), None)
+        with self._lock:
+            self._uses.pop(id(worker), None)
         worker.close_sync()
         with self._lock:
             self._live -= 1
