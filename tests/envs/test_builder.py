@@ -278,10 +278,12 @@ def test_the_gate_rejects_the_leaking_tool_and_the_unsolvable_task(built) -> Non
     assert "leaks the answer of task l1-2" in tools.rejected[0]["reason"]
     assert tools.accepted == 4
     tasks = {r["candidate"]: r["reason"] for r in report.stages["gate: tasks"].rejected}
-    assert set(tasks) == {"l1-2", "l1-3"}
+    assert set(tasks) == {"l1-2", "l1-3", "l1-2-x", "l1-3-x"}  # with their toolset-extension variants
     assert "uses rejected tools ['get_book_status']" in tasks["l1-2"]
     assert tasks["l1-3"].startswith("not solvable: gold call c0 (get_book) fails: no book b9")
-    assert report.levels == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert report.levels == {1: 2, 2: 2, 3: 2, 4: 1}
+    variants = report.stages["toolset extension"]
+    assert (variants.candidates, variants.accepted) == (5, 5)  # every task the model gave no distractor
     written = json.loads((Path(report.out) / "report.json").read_text())
     assert written["status"] == "built" and written["stages"]["gate: tools"]["rejected"] == 1
     assert "get_book_status" in (Path(report.out) / "report.txt").read_text()
@@ -413,7 +415,7 @@ def test_a_rerun_resumes_every_stage_without_asking_the_model(built, tmp_path, e
         again = _build(url, out, executor)
     assert again.status == "built" and silent.requests == []
     assert all(again.stages[s].resumed for s in ("decomposition", "documents", "functions", "tasks"))
-    assert again.stages["functions"].accepted == 5 and again.levels == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert again.stages["functions"].accepted == 5 and again.levels == {1: 2, 2: 2, 3: 2, 4: 1}
     with pytest.raises(ValueError, match="another scenario"):
         build(BuildConfig("another world", out, ChatModel("http://127.0.0.1:9/v1"), progress=False))
 
@@ -442,7 +444,7 @@ def test_a_half_done_stage_resumes_where_it_stopped(tmp_path, executor) -> None:
     with serve_in_thread(third.app) as url:
         report = _build(url, tmp_path, executor, levels=[1, 2])
     assert report.status == "built" and third.stages() == ["tasks level-2"] and third.left() == {}
-    assert report.levels == {1: 1, 2: 1}
+    assert report.levels == {1: 2, 2: 2}
 
 
 def test_leak_probes_vary_each_argument_with_values_of_the_world() -> None:

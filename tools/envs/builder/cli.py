@@ -39,6 +39,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-json-mode", action="store_true", help="do not send response_format (for servers without it)"
     )
+    parser.add_argument(
+        "--no-toolset-extension",
+        action="store_true",
+        help="no distractor variants of tasks without distractors",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -64,7 +69,8 @@ def _config(args: argparse.Namespace) -> BuildConfig:
     )
     return BuildConfig(
         scenario, args.out, model, attempts=args.attempts, tasks_per_level=args.tasks_per_level,
-        levels=levels, pack_id=args.pack_id, progress=not args.no_progress,
+        levels=levels, pack_id=args.pack_id, extend_toolset=not args.no_toolset_extension,
+        progress=not args.no_progress,
     )  # fmt: skip
 
 

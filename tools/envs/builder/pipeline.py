@@ -25,7 +25,7 @@ from tools.envs.builder.llm import BuildError, ChatModel, StageLog
 from tools.envs.builder.loader import assemble_source, built_tools, load_built_pack, write_built_pack
 from tools.envs.builder.report import Report
 from tools.envs.builder.sandboxed import SandboxExecutor
-from tools.envs.builder.stages import decompose, document, integrate, scale
+from tools.envs.builder.stages import decompose, document, extend_toolset, integrate, scale
 from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths
 from tools.sandbox import SandboxError
 
@@ -43,6 +43,7 @@ class BuildConfig:
     tasks_per_level: int = 3
     levels: Sequence[int] = (1, 2, 3, 4)
     pack_id: str | None = None
+    extend_toolset: bool = True  # add a distractor variant of each task without distractors
     progress: bool = True
     executor: SandboxExecutor | None = field(default=None, repr=False)
 
@@ -245,6 +246,8 @@ def _deploy(
     for raw in raw_tasks:
         counters[raw["level"]] = counters.get(raw["level"], 0) + 1
         tasks.append(_env_task(raw, f"l{raw['level']}-{counters[raw['level']]}", writes))
+    if config.extend_toolset:
+        tasks += extend_toolset(tasks, list(sources), report.log("toolset extension"))
     info = PackInfo(
         pack_id(config, decomposition["domain"]), origin="built", domain=decomposition["domain"],
         description=decomposition["description"],

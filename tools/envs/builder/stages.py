@@ -7,7 +7,8 @@
    loaded only in the sandbox
 4. tasks: per level, tasks composed from the tools (gold calls with ``depends_on`` and
    ``compare``, answer, distractors, scaling operations), checked against the tools'
-   schemas and the level their dependency graph really has
+   schemas and the level their dependency graph really has; then ``extend_toolset`` adds,
+   by code, a distractor variant of every task the model gave none
 
 A check raises ``Rejected`` with the reason; the model is asked again with it.
 """
@@ -15,6 +16,8 @@ A check raises ``Rejected`` with the reason; the model is asked again with it.
 from __future__ import annotations
 
 import ast
+import hashlib
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -23,9 +26,9 @@ import jsonschema
 from tools.envs.builder import prompts, schemas
 from tools.envs.builder.llm import ChatModel, Rejected, StageLog, ask, schema_problem
 from tools.envs.builder.sandboxed import SandboxExecutor
-from tools.envs.pack import Complexity, GoldCall
+from tools.envs.pack import Complexity, EnvTask, GoldCall
 
-__all__ = ["decompose", "document", "integrate", "scale"]
+__all__ = ["decompose", "document", "extend_toolset", "integrate", "scale"]
 
 _JSON_TYPES: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
@@ -277,3 +280,28 @@ def scale(
         check, log, label=f"tasks level {level}", attempts=attempts,
     )  # fmt: skip
     return result or []
+
+
+def extend_toolset(tasks: list[EnvTask], tools: list[str], log: StageLog, *, most: int = 2) -> list[EnvTask]:
+    """The toolset-extension operation applied by code: for each task without distractors, a
+    variant ``<id>-x`` that also offers 1-``most`` tools it does not need (chosen by a hash of
+    the task id, so a rebuild picks the same)."""
+    variants = []
+    for task in tasks:
+        used = {c.name for c in task.gold.calls}
+        spare = sorted(set(tools) - used)
+        if task.distractors or not spare:
+            continue
+        rng = random.Random(hashlib.sha256(task.id.encode()).hexdigest())
+        distractors = sorted(rng.sample(spare, min(len(spare), rng.randint(1, most))))
+        scaling = [*task.complexity.scaling, "toolset_extension"]
+        variant = EnvTask.from_dict(
+            {**task.to_dict(), "id": f"{task.id}-x", "distractors": distractors,
+             "tools": sorted(used) + distractors, "metadata": {**task.metadata, "variant_of": task.id}}
+        )  # fmt: skip
+        variant.complexity = Complexity.from_calls(
+            variant.gold.calls, distractors=len(distractors), scaling=scaling
+        )
+        variants.append(variant)
+    log.accept(len(variants))
+    return variants
