@@ -345,11 +345,10 @@ def test_the_loaded_pack_replays_its_gold_in_the_sandbox_and_scores_full_marks(b
     assert lend.reward_basis == ["calls", "state", "answer"] and extended.reward_basis == ["calls", "answer"]
 
 
-def test_the_built_pack_served_as_a_source_plays_a_task_and_is_scored(built) -> None:
-    """The server loads the pack with ``load_built_pack`` as an environment source; calls run sandboxed."""
+def test_the_built_pack_served_plays_a_task_and_is_scored(built) -> None:
+    """The server serves the pack directory (trusted: false: ``load_built_pack``); calls run sandboxed."""
     _, _, out = built
-    source = {"source": "tools.envs.builder:load_built_pack", "arguments": {"path": str(out / "pack")}}
-    with running_server(server_config(environments=[source])) as srv:
+    with running_server(server_config(environments=[{"path": str(out / "pack")}])) as srv:
         pack_id = yaml.safe_load((out / "pack" / "pack.yaml").read_text())["id"]
         session = f"s-{os.getpid()}-lend"
         opened = httpx.post(

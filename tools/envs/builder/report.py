@@ -43,10 +43,10 @@ class Report:
 
     def table(self, reasons: int = 3) -> str:
         """A text table, one row per stage, then a few rejection reasons of each."""
-        rows = [f"{'stage':<16}{'candidates':>11}{'accepted':>10}{'rejected':>10}  note"]
+        rows = [f"{'stage':<18}{'candidates':>11}{'accepted':>10}{'rejected':>10}  note"]
         for name, log in self.stages.items():
             note = "resumed" if log.resumed else ""
-            rows.append(f"{name:<16}{log.candidates:>11}{log.accepted:>10}{len(log.rejected):>10}  {note}")
+            rows.append(f"{name:<18}{log.candidates:>11}{log.accepted:>10}{len(log.rejected):>10}  {note}")
         for name, log in self.stages.items():
             for item in log.rejected[:reasons]:
                 rows.append(f"  {name}: {item['candidate']}: {item['reason'][:160]}")
