@@ -550,7 +550,7 @@ def test_the_gate_says_why_each_broken_task_fails() -> None:
     assert reasons["no_write"] == "calls a writing tool but leaves the state unchanged"
     assert "sneaky is read-only but changed items" in reasons["read_only_writes"]
     assert "ZeroDivisionError" in reasons["crash"]
-    assert "timed out" in reasons["spin"]
+    assert "the sandbox stopped the tool" in reasons["spin"]  # past its CPU or wall-clock limit
     assert reasons["ungrounded"] == "its answer 'pear' appears in no gold call's output"
     assert "call c1 depends on c0 but takes none of its argument values" in reasons["fake_dependency"]
     assert result.rejected_tools == set() and result.tools.accepted == len(GATE_SOURCES)
