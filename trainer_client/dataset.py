@@ -45,10 +45,9 @@ class TaskRow:
         return cls(
             index=index,
             data_source=row.get("data_source") or data_source,
-            # parquet gives every message every key: drop the empty ones (e.g. tool_calls=None)
-            messages=[{k: v for k, v in m.items() if v is not None} for m in messages],
+            messages=[drop_nulls(m) for m in messages],
             ground_truth=reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
-            extra_info=dict(row.get("extra_info") or {}),
+            extra_info=_extra_info(row.get("extra_info")),
         )
 
     def task(self) -> Task:
@@ -63,6 +62,28 @@ class TaskRow:
             verifier=self.extra_info.get("verifier"),
             metadata={"data_source": self.data_source, **self.extra_info},
         )
+
+
+def drop_nulls(value: Any) -> Any:
+    """``value`` without the None entries of its (nested) mappings.
+
+    Parquet stores a column of nested dicts as one struct type, so every dict comes back
+    with every key any row had: a message gets ``tool_calls=None``, a tool-call's
+    arguments or a tool's ``inputSchema`` get the *other* tools' parameters as None. A
+    None in a prompt or a schema is never what the author wrote there, so all are dropped.
+    """
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value]
+    return value
+
+
+def _extra_info(value: Any) -> dict[str, Any]:
+    info = dict(value or {})
+    if isinstance(info.get("tools"), list):
+        info["tools"] = drop_nulls(info["tools"])
+    return info
 
 
 def load_tasks(path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0) -> list[TaskRow]:

@@ -156,11 +156,6 @@ def test_data_build_writes_rows_the_trainer_reads(tmp_path: Path) -> None:
             assert list(descriptor["inputSchema"]["required"]) == schema["required"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="parquet stores the tools' schemas as one struct type per file: every tool's inputSchema comes "
-    "back with the other tools' properties as null (trainer_client/dataset.py should drop the nulls)",
-)
 def test_data_build_tool_schemas_round_trip_exactly(tmp_path: Path) -> None:
     assert build_data(tmp_path, "--env-test-fraction", "0").returncode == 0
     pack = env_pack.pack()
