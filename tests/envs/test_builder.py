@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from protocol import ToolError, VerifyRequest, decode_results, decode_verify_results
-from tests.support.openai_server import create_app, serve_in_thread, shared_chat_model
+from tests.support.openai_server import create_app, dead_url, serve_in_thread, shared_chat_model
 from tests.support.scripted_openai import ScriptedChat
 from tests.support.server import running_server, server_config
 from tools.envs.builder import BuildConfig, ChatModel, SandboxExecutor, build, load_built_pack
@@ -454,6 +454,18 @@ def test_leak_probes_vary_each_argument_with_values_of_the_world() -> None:
     assert len(probes) == 4 and all(p != {"member_id": "m1", "book_id": "b2"} for p in probes)
     assert mentions({"t": ["Emma", 3]}, "emma") and mentions("the title is Emma.", "Emma")
     assert mentions({"n": 3}, "3") and not mentions("Emmanuel", "Emma") and not mentions({"n": 31}, "3")
+
+
+def test_endpoint_failures_are_retried_and_a_dead_endpoint_stops_the_build(tmp_path, executor) -> None:
+    flaky = ScriptedChat({"decomposition": [503, "nothing useful"]})
+    with serve_in_thread(flaky.app) as url:
+        report = _build(url, tmp_path / "flaky", executor, attempts=1)
+    assert flaky.left() == {} and len(flaky.requests) == 2  # the 503 was retried, not counted as an answer
+    assert report.stages["decomposition"].candidates == 1 and report.failed_stage == "decomposition"
+    dead = ChatModel(dead_url() + "/v1", transport_retries=0)
+    report = build(BuildConfig(SCENARIO, tmp_path / "dead", dead, progress=False, executor=executor))
+    assert report.status == "failed" and report.failed_stage == "decomposition"
+    assert report.message.startswith(f"cannot reach {dead.base_url}/chat/completions")
 
 
 def _cli(url: str, out: Path, *extra: str) -> argparse.Namespace:

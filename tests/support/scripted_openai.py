@@ -3,7 +3,8 @@
 A real Starlette app under uvicorn (``serve_in_thread``), so the builder's HTTP client,
 JSON handling and retries run exactly as against vLLM. Each request is routed by the
 ``[builder stage: <key>]`` line its system prompt starts with; the script gives each key
-a list of answers, handed out in order (a dict is sent as its JSON text, a string as is).
+a list of answers, handed out in order (a dict is sent as its JSON text, a string as is,
+an int is an HTTP error with that status).
 A key with no answer left gets HTTP 400 naming it, so a test whose script is short fails
 with that message. Every request body is kept in ``requests`` for assertions.
 """
@@ -31,7 +32,7 @@ _STAGE = re.compile(r"^\[builder stage: ([^\]]+)\]")
 class ScriptedChat:
     """The script and the requests seen; ``app`` is the ASGI app to serve."""
 
-    def __init__(self, script: Mapping[str, Sequence[str | dict[str, Any]]]) -> None:
+    def __init__(self, script: Mapping[str, Sequence[str | int | dict[str, Any]]]) -> None:
         self.script = {key: list(answers) for key, answers in script.items()}
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
@@ -59,6 +60,8 @@ class ScriptedChat:
             if not answers:
                 return _error(400, f"the script has no answer left for stage {key!r}")
             answer = answers.pop(0)
+        if isinstance(answer, int):  # an HTTP failure of the endpoint, not an answer
+            return _error(answer, f"scripted failure {answer}")
         text = answer if isinstance(answer, str) else json.dumps(answer)
         return JSONResponse(
             {
