@@ -112,3 +112,24 @@ def test_a_tasks_worlds_share_one_base_even_when_built_at_once() -> None:
     assert all(w.base is pack.base_state(task) for w in worlds)
     assert worlds[0].differences(pack.replay(task)) == [("orders", "o9")]  # comparable: one base
     assert "o3" not in worlds[0]["orders"] and pack.initial_state["orders"]["o3"]["status"] == "pending"
+
+
+def test_a_tool_that_crashes_is_a_failed_call_in_the_log() -> None:
+    """A bug in a tool (not a ToolError) must still be logged as a failure: a reward that
+    reads the call log would otherwise count the call as a success with output None."""
+    from protocol import ToolError
+    from tools.envs.pack import EnvTask, EnvTool, Gold, Pack, PackInfo
+
+    def broken(world: World, key: str) -> dict:
+        return world["items"][key]["missing_field"]
+
+    pack = Pack(
+        PackInfo("crashy"),
+        [EnvTool("broken", "", {"type": "object"}, broken)],
+        {"items": {"a": {"stock": 1}}},
+        [EnvTask("t", [{"role": "user", "content": "x"}], Gold())],
+    )
+    world = pack.new_world()
+    with pytest.raises(ToolError, match="KeyError"):
+        pack.call(world, "broken", {"key": "a"})
+    assert world.calls[-1].error is not None and "KeyError" in world.calls[-1].error

@@ -26,7 +26,7 @@ import yaml
 
 from protocol import ErrorKind, SessionState, ToolContext, ToolError, VerifyRequest, VerifyResult
 from tools.envs.pack import EnvTask, Pack, load_pack
-from tools.envs.world import CallRecord, World, _jsonable
+from tools.envs.world import CallRecord, World, jsonable
 
 __all__ = ["Binding", "EnvHost", "load_directory", "open_pack", "parse_arguments", "resolve_ground_truth"]
 
@@ -305,4 +305,4 @@ def _snapshot(output: Any) -> Any:
     and must neither change with it nor keep its records alive."""
     if output is None or isinstance(output, str | int | float | bool):
         return output
-    return orjson.loads(orjson.dumps(output, default=_jsonable, option=_SNAPSHOT_OPTIONS))
+    return orjson.loads(orjson.dumps(output, default=jsonable, option=_SNAPSHOT_OPTIONS))

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from protocol import ErrorKind, ToolError
-from tools.envs.world import CallRecord, World
+from tools.envs.world import CallRecord, World, jsonable
 
 __all__ = [
     "SCENARIOS",
@@ -314,6 +314,9 @@ class Pack:
         except TypeError as exc:  # wrong argument names: the schema check upstream normally catches them
             record.error = str(exc)
             raise ToolError(f"{name}: {exc}", ErrorKind.INVALID_ARGUMENTS) from None
+        except Exception as exc:  # a bug in the tool: logged as a failed call, so no reward counts it solved
+            record.error = f"{type(exc).__name__}: {exc}"
+            raise ToolError(f"{name} failed: {record.error}", ErrorKind.TOOL_ERROR) from None
         return record.output
 
     def replay(self, task: EnvTask) -> World:
@@ -377,10 +380,10 @@ def dump_pack(pack: Pack, path: str | Path, *, tools_module: str) -> Path:
         (root / "policy.md").write_text(pack.policy)
         meta["policy"] = "policy.md"
     (root / "pack.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
-    (root / "state.json").write_text(json.dumps(pack.initial_state, indent=1, default=str))
+    (root / "state.json").write_text(json.dumps(pack.initial_state, indent=1, default=jsonable))
     if pack.state_schema is not None:
         (root / "state.schema.json").write_text(json.dumps(pack.state_schema, indent=1))
     with open(root / "tasks.jsonl", "w") as handle:
         for task in pack.tasks:
-            handle.write(json.dumps(task.to_dict(), default=str) + "\n")
+            handle.write(json.dumps(task.to_dict(), default=jsonable) + "\n")
     return root

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["CallRecord", "Table", "World"]
+__all__ = ["CallRecord", "Table", "World", "jsonable"]
 
 _DELETED = object()  # overlay marker: the record exists in the base but not in this world
 
@@ -179,11 +179,12 @@ class World:
             value = self[name].peek(key, _DELETED)
             deleted = value is _DELETED
             changes.append([name, key, None if deleted else self._state(value), deleted])
-        blob = orjson.dumps(changes, default=_jsonable, option=orjson.OPT_SORT_KEYS)
+        blob = orjson.dumps(changes, default=jsonable, option=orjson.OPT_SORT_KEYS)
         return hashlib.sha256(blob).hexdigest()
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """JSON for a record that is not plain data: a pydantic model's dump, an object's public attributes."""
     dump = getattr(value, "model_dump", None)  # pydantic records
     if callable(dump):
         return dump(mode="json")
