@@ -73,9 +73,11 @@ def function(
         _system(
             f"function {tool['name']}",
             "Implement one tool as a Python function `def <name>(world, <parameters>)`, standard library "
-            'only. `world["table"]` is a dict of records (dicts) by key (a string); read, update, add or '
-            "delete records in place for the tables the tool writes. Parameters: the schema's properties "
-            "by name, optional ones with a default. Return a JSON value (dict, list, string, number). "
+            'only. `world["table"]` is a dict of records (JSON dicts) by key (a string). A tool that writes '
+            'changes records in place (`world["t"][key]["field"] = value`), adds (`world["t"][key] = {...}`) '
+            'or deletes (`del world["t"][key]`), only in the tables it writes. Parameters: the schema\'s '
+            "properties by name, optional ones with a default. Return a JSON value (dict, list, string, "
+            "number) computed from the data and the arguments. "
             'Refuse impossible requests (unknown key, rule broken) with `raise ToolError("why")` '
             "(ToolError is predefined). Put helpers inside the function: the source must define exactly "
             'this one top-level function (imports allowed). Shape: {"name": "...", "source": "def ...:\\n    ..."}.',
@@ -93,11 +95,12 @@ def tasks(level: int, count: int, tools: list[dict[str, Any]], state: dict[str, 
         _system(
             f"tasks level-{level}",
             f"Compose {count} user tasks of level {level} ({LEVELS[level]}) from the tools of this world. "
-            "Each task: prompt (the user's request, with the ids or values the calls need, never the "
-            "answer), calls (the gold tool calls: id, name, arguments that exist in the data, depends_on "
-            "with the ids of calls whose output it needs, compare with the argument names a correct call "
-            "must match), answer (the short fact the assistant must report, taken from a call's output; "
-            "null for a pure action), distractors, scaling.\n"
+            "Each task: prompt (the user's request, with the ids or values the first calls need, never "
+            "the answer), calls (the gold tool calls: id, name, arguments valid for the tool's schema and "
+            "naming records that exist in the data; depends_on: the ids of the calls whose output gives "
+            "one of this call's argument values; compare: the argument names a correct call must match, "
+            "null for all), answer (a short value that appears verbatim in a call's output, e.g. a name "
+            "or number, not a sentence; null for a pure action), distractors, scaling.\n"
             + _SCALING
             + '\nShape: {"tasks": [{"prompt": "...", "calls": [{"id": "c0", "name": "...", "arguments": '
             '{...}, "depends_on": [], "compare": null}], "answer": "...", "distractors": [], "scaling": []}]}',

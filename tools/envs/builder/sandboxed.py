@@ -33,7 +33,7 @@ import anyio.from_thread
 import orjson
 
 from protocol import ErrorKind, ToolError
-from tools.envs.world import World, _jsonable
+from tools.envs.world import World
 from tools.sandbox import SandboxLimits, SandboxWorker
 
 __all__ = ["SandboxExecutor", "ToolSpec", "pack_executor"]
@@ -115,12 +115,18 @@ class SandboxExecutor:
         """Run tool ``spec`` of module ``source`` on ``world``; apply its changes; return its output."""
         names = spec.tables(world)
         tables = {name: {key: world[name].peek(key) for key in world[name]} for name in names}
+        try:
+            tables = orjson.loads(orjson.dumps(tables))  # a built world's records are JSON data
+        except TypeError as exc:
+            raise ToolError(
+                f"{spec.name}: the world's records are not JSON data: {exc}", ErrorKind.TOOL_ERROR
+            ) from None
         payload = {
             "mode": "call",
             "source": source,
             "tool": spec.name,
             "arguments": dict(arguments),
-            "tables": orjson.loads(orjson.dumps(tables, default=_jsonable)),
+            "tables": tables,
             "error_kinds": [kind.value for kind in ErrorKind],
         }
         reply = self.request(payload)
