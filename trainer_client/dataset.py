@@ -51,14 +51,17 @@ class TaskRow:
         )
 
     def task(self) -> Task:
-        """A rollout ``Task``: ``extra_info`` may name a ``verifier`` and ``tools`` (JSON
-        schemas for the chat template); all of it lands in ``metadata``."""
+        """A rollout ``Task``: ``extra_info`` may name a ``verifier`` and ``tools`` (MCP
+        descriptors or chat-template schemas; the task gets the latter); all of it lands in
+        ``metadata``."""
         from trainer_client.rollout import Task  # lazily: the CLI starts without the rollout core
+        from trainer_client.templates import openai_tool_schemas
 
+        tools = self.extra_info.get("tools")
         return Task(
             messages=[dict(m) for m in self.messages],
             ground_truth=self.ground_truth,
-            tools=self.extra_info.get("tools"),
+            tools=openai_tool_schemas(tools) if isinstance(tools, list) and tools else None,
             verifier=self.extra_info.get("verifier"),
             metadata={"data_source": self.data_source, **self.extra_info},
         )

@@ -48,6 +48,7 @@ from verl.experimental.agent_loop.agent_loop import (
 
 from trainer_client import verl_config
 from trainer_client.client import ToolClient
+from trainer_client.dataset import TaskRow
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
 from trainer_client.shared import URL_ENV, LoopClients, plain
 from trainer_client.templates import openai_tool_schemas
@@ -190,19 +191,27 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         return self.to_output(trajectory, settings, want_logprobs=bool(sampling_params.get("logprobs")))
 
     async def _task(self, settings: LoopSettings, client: ToolClient, kwargs: dict[str, Any]) -> Task:
-        messages = plain(kwargs.get("raw_prompt"))
-        if not isinstance(messages, list) or not messages:
+        """The row veRL hands over, read the way every dataset row is read (``dataset.TaskRow``):
+        ``extra_info`` lands in the task's metadata (an environment's pack and task, a
+        verifier, the tools), so a veRL rollout binds its session like a local one does."""
+        if not isinstance(plain(kwargs.get("raw_prompt")), list):
             raise ValueError("the toolfactory agent loop needs raw_prompt (chat messages) from the dataset")
-        reward_model = plain(kwargs.get("reward_model")) or {}
-        tools = openai_tool_schemas(settings.tools) if settings.tools is not None else None
-        if tools is None and settings.tool_schemas == "server":
-            tools = await server_tool_schemas(client, settings.server_urls, settings.toolset)
-        return Task(
-            messages=[dict(m) for m in messages],
-            ground_truth=reward_model.get("ground_truth"),
-            tools=tools,
-            metadata={"data_source": plain(kwargs.get("data_source")), "index": plain(kwargs.get("index"))},
+        row = TaskRow.from_row(
+            {
+                "prompt": kwargs.get("raw_prompt"),
+                "reward_model": kwargs.get("reward_model"),
+                "extra_info": kwargs.get("extra_info"),
+                "data_source": kwargs.get("data_source"),
+            },
+            index=int(plain(kwargs.get("index")) or 0),
         )
+        task = row.task()
+        task.metadata["index"] = plain(kwargs.get("index"))
+        if settings.tools is not None:  # the loop's own list (even an empty one) wins over the row's
+            task.tools = openai_tool_schemas(settings.tools)
+        elif task.tools is None and settings.tool_schemas == "server":
+            task.tools = await server_tool_schemas(client, settings.server_urls, settings.toolset)
+        return task
 
     def to_output(self, t: Trajectory, settings: LoopSettings, *, want_logprobs: bool) -> AgentLoopOutput:
         """A ``Trajectory`` as veRL's ``AgentLoopOutput`` (responses cut to rollout.response_length)."""

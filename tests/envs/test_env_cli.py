@@ -160,8 +160,10 @@ def test_data_build_tool_schemas_round_trip_exactly(tmp_path: Path) -> None:
     assert build_data(tmp_path, "--env-test-fraction", "0").returncode == 0
     pack = env_pack.pack()
     for row in load_tasks(tmp_path / "env" / "shop" / "train.parquet"):
-        for descriptor in row.task().tools or []:
+        for descriptor in row.extra_info["tools"]:
             assert descriptor["inputSchema"] == pack.tool(descriptor["name"]).input_schema
+        for schema in row.task().tools or []:  # what the chat template gets
+            assert schema["function"]["parameters"] == pack.tool(schema["function"]["name"]).input_schema
 
 
 def test_data_build_levels_prefix_and_errors(tmp_path: Path) -> None:
