@@ -1,0 +1,175 @@
+"""The environment learning run: GRPO teaches SmolLM2-135M a procedural world's tools on a 2-core CPU.
+
+    .venv/bin/python examples/learn_environment.py --publish learn_environment   # the full run
+    .venv/bin/python examples/learn_environment.py --pilot                       # 3 steps: is there a signal?
+
+What it does:
+
+1. builds a procedural pack (``tools.envs.procedural:pack``, levels 1-2: one call, or two
+   independent calls) and its rows as ``python -m tools.data build --tasks env:...``
+   does (same ground truth ``{"pack", "task"}`` and ``extra_info``), with the prompt
+   replaced by a few-shot text prompt (``tools.data.env_prompts``): SmolLM2's chat
+   template renders neither tool schemas nor ``tool_calls``, so the tools, the call
+   format and two worked examples are written out as text;
+2. starts ``tool-server serve`` with the pack as an environment (its tools as the toolset
+   ``<pack id>``, and the ``tool_use`` verifier) on a free port;
+3. runs ``trainer-client train`` (the CLI's code path, printed first): reward ``tool_use``
+   in ``train`` mode (a dense weighted sum), held-out success ``tool_use`` in ``eval``
+   mode (all or nothing over the task's reward basis) == 1.0; with ``--publish NAME``
+   copies ``reward_curve.png`` and a JSON of the figures to ``examples/results/``.
+
+The choices, and why: examples/README.md, "Environment learning run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+import learn_arithmetic as runner  # noqa: E402 (its server and publishing helpers)
+
+from tools.data import write_parquet  # noqa: E402
+from tools.data.env_prompts import prompt_rows  # noqa: E402
+from tools.data.environments import build_rows  # noqa: E402
+from tools.envs.procedural import pack  # noqa: E402
+from tools.envs.procedural.examples import worked_examples  # noqa: E402
+from trainer_client import train_cli  # noqa: E402
+
+SOURCE = "tools.envs.procedural:pack"
+LEVELS = [1, 2]
+EXAMPLE_POOL = 8  # worked examples drawn beside the pack; each prompt shows the best-matching `shots`
+
+
+def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
+    """The pack's arguments: the server builds the same pack (same id) from them."""
+    # parameter_expansion 0: no optional arguments in the gold calls (a 135M model copies
+    # the shown arguments; an optional filter it was never shown is out of its reach).
+    return {
+        "world": args.world,
+        "seed": args.seed,
+        "tasks": args.tasks,
+        "levels": LEVELS,
+        "parameter_expansion": 0.0,
+    }
+
+
+def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
+    """The pack id and the train/test parquet files (few-shot text prompts)."""
+    p = pack(**pack_arguments(args))
+    rows = build_rows(p, seed=args.seed, test_fraction=args.test_fraction, levels=LEVELS)
+    examples = worked_examples(p, count=EXAMPLE_POOL, levels=LEVELS, seed=args.seed)
+    prompts = {t.id: t.prompt for t in p.tasks}
+    data = args.out / "data"
+    paths = [
+        write_parquet(
+            prompt_rows(rows[split], p.policy, prompts, examples, args.shots), data / f"{split}.parquet"
+        )
+        for split in ("train", "test")
+    ]
+    return p.id, paths[0], paths[1]
+
+
+def server_config(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "server": {"shutdown_grace_s": 2, "log_level": "warning"},
+        "environments": [{"source": SOURCE, "arguments": pack_arguments(args)}],
+    }
+
+
+def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
+    """The ``trainer-client train`` arguments of this run."""
+    argv = [
+        "train",
+        "--server", url,
+        "--train-data", str(train),
+        "--eval-data", str(test),
+        "--out-dir", str(args.out),
+        "--toolset", pack_id,
+        "--format", "hermes",
+        "--tool-schemas", "none",
+        "--steps", str(args.steps),
+        "--prompts-per-step", str(args.prompts_per_step),
+        "--group-size", str(args.group_size),
+        "--micro-batch-size", str(args.micro_batch_size),
+        "--lr", str(args.lr),
+        "--max-turns", "3",
+        "--max-tokens-per-turn", "96",
+        "--response-length", "320",
+        "--max-obs-tokens", "96",
+        "--temperature", str(args.temperature),
+        "--eval-temperature", str(args.temperature),
+        "--eval-samples", str(args.eval_samples),
+        "--greedy-eval",
+        "--verifier", "tool_use",
+        "--verifier-args", json.dumps({"mode": "train"}),
+        "--eval-verifier", "tool_use",
+        "--eval-verifier-args", json.dumps({"mode": "eval"}),
+        "--eval-size", str(args.eval_size),
+        "--eval-every", str(args.eval_every),
+        "--save-every", str(args.save_every),
+        "--threads", str(args.threads),
+        "--seed", str(args.seed),
+        "--verbose",
+    ]  # fmt: skip
+    if args.max_minutes:
+        argv += ["--max-minutes", str(args.max_minutes)]
+    return argv
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    print(f"learn_environment: received signal {signum}; stopping", file=sys.stderr, flush=True)
+    sys.exit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "learn_environment")
+    parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
+    parser.add_argument("--tasks", type=int, default=400, help="tasks in the pack (levels 1-2, half each)")
+    parser.add_argument("--test-fraction", type=float, default=0.15)
+    parser.add_argument("--shots", type=int, default=2, help="worked examples in each prompt")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--temperature", type=float, default=0.7, help="training and held-out sampling")
+    parser.add_argument("--eval-samples", type=int, default=1, help="samples per held-out task")
+    parser.add_argument("--eval-size", type=int, default=48)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--pilot", action="store_true", help="3 steps, 16 held-out tasks")
+    parser.add_argument("--publish", default=None, help="name under examples/results/ (default: none)")
+    args = parser.parse_args(argv)
+    if args.pilot:
+        args.steps, args.eval_size, args.eval_every, args.eval_samples = 3, 16, 3, 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    pack_id, train, test = build_data(args)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    # learn_arithmetic's server helper writes its module's SERVER_CONFIG: point it at ours.
+    runner.SERVER_CONFIG = server_config(args)
+    with runner.tool_server(args.out) as url:
+        command = train_argv(args, url, pack_id, train, test)
+        print(
+            "trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in command), flush=True
+        )
+        code = train_cli.main(command)
+    if code == 0 and args.publish:
+        runner.publish(args.out, args.publish)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

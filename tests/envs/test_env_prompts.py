@@ -1,0 +1,132 @@
+"""Few-shot text prompts for environment tasks (tools/data/env_prompts.py).
+
+What matters is that the text the prompt shows is the text the trainer reads: the worked
+examples' calls parse back (hermes parser) to the calls they demonstrate, and a
+trajectory written the way the examples are written scores 1.0 with ``tool_use`` in eval
+mode, a wrong one clearly less in train mode.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from protocol import ToolError, VerifyRequest
+from tools.data.env_prompts import build_env_prompt, example_messages, prompt_rows, tool_lines
+from tools.data.environments import build_rows
+from tools.envs.pack import Pack, call_depths
+from tools.envs.procedural import pack
+from tools.envs.procedural.examples import worked_examples
+from tools.verifiers.tool_use import score
+from trainer_client.parsers import HermesParser
+
+
+@pytest.fixture(scope="module")
+def bank() -> Pack:
+    return pack(world="bank", seed=0, tasks=40, levels=[1, 2], parameter_expansion=0.0)
+
+
+@pytest.fixture(scope="module")
+def examples(bank: Pack) -> list[list[dict]]:
+    return worked_examples(bank, count=6, levels=(1, 2))
+
+
+def _descriptors(p: Pack, names: list[str] | None = None) -> list[dict]:
+    return [t.descriptor() for t in p.tools if names is None or t.name in names]
+
+
+def test_tool_lines_name_every_argument_and_mark_optional_ones(bank: Pack) -> None:
+    lines = tool_lines(_descriptors(bank, ["get_balance", "list_transactions"])).splitlines()
+    assert lines[0] == "- get_balance(account_id: string): Get an account's balance and status."
+    assert lines[1].startswith("- list_transactions(account_id: string, kind?: string, limit?: integer): ")
+
+
+def test_examples_are_text_turns_whose_calls_parse_back_to_the_demonstrated_ones(examples) -> None:
+    parser = HermesParser()
+    for chat in examples:
+        shown = [c["function"] for m in chat if m["role"] == "assistant" for c in m.get("tool_calls") or ()]
+        text = example_messages(chat)
+        assert all(set(m) == {"role", "content"} for m in text)  # no tool_calls: the template drops them
+        parsed = []
+        for message in text:
+            if message["role"] == "assistant" and "<tool_call>" in message["content"]:
+                outcome = parser.parse(message["content"])
+                assert (
+                    not outcome.errors and len(outcome.calls) == 1
+                )  # one call per turn, as the parser reads
+                parsed += [{"name": c.name, "arguments": c.arguments} for c in outcome.calls]
+        assert parsed == shown
+        # every call is followed by its result; the reply closes the example
+        roles = [m["role"] for m in text]
+        assert roles[0] == "user" and roles[-1] == "assistant"
+        assert roles.count("tool") == len(shown)
+        last = text[-1]["content"]
+        assert last.startswith("Done.") or (last.startswith("<answer>") and last.endswith("</answer>"))
+
+
+def test_prompt_is_system_then_matching_examples_then_the_task(bank: Pack, examples) -> None:
+    task = next(t for t in bank.tasks if t.tools == ["withdraw"])
+    prompt = build_env_prompt(bank.policy, _descriptors(bank, task.tools), task.prompt, examples, shots=2)
+    system = prompt[0]
+    assert system["role"] == "system" and system["content"].startswith(bank.policy.strip())
+    assert "- withdraw(account_id: string, amount: number)" in system["content"]
+    assert "get_balance(" not in system["content"]  # only the task's tools are described
+    assert prompt[-1] == task.prompt[-1]
+    demonstrated = [m["content"] for m in prompt[1:-1] if "<tool_call>" in m["content"]]
+    assert any('"name": "withdraw"' in text for text in demonstrated)  # an example using the task's tool
+    assert sum(m["role"] == "user" for m in prompt) == 3  # two examples and the task
+
+
+def test_shots_out_of_range_is_refused(bank: Pack, examples) -> None:
+    with pytest.raises(ValueError, match="shots"):
+        build_env_prompt(bank.policy, _descriptors(bank), bank.tasks[0].prompt, examples, shots=7)
+    assert sum(m["role"] == "user" for m in build_env_prompt("", [], bank.tasks[0].prompt, examples, 0)) == 1
+
+
+def test_prompt_rows_keep_ground_truth_and_extra_info(bank: Pack, examples) -> None:
+    rows = build_rows(bank, seed=0, levels=[1, 2])["test"]
+    prompts = {t.id: t.prompt for t in bank.tasks}
+    out = prompt_rows(rows, bank.policy, prompts, examples, shots=2)
+    assert [r["reward_model"] for r in out] == [r["reward_model"] for r in rows]
+    assert [r["extra_info"] for r in out] == [r["extra_info"] for r in rows]
+    assert all(r["prompt"][-1] == prompts[r["extra_info"]["task"]][-1] for r in out)
+    json.dumps(out)  # rows are plain data (parquet-ready)
+
+
+def _trajectory(p: Pack, task, calls) -> tuple:
+    """A trajectory written as the examples are: one call per turn, then the reply; run on a fresh world."""
+    world = p.new_world(task)
+    messages = list(task.prompt)
+    for call in calls:
+        messages.append({"role": "assistant", "content": f"<tool_call>\n{json.dumps(call)}\n</tool_call>"})
+        try:
+            content = json.dumps(p.call(world, call["name"], call["arguments"]))
+        except ToolError as exc:  # logged in world.calls as a failed call, as the server does
+            content = f"Error: {exc}"
+        messages.append({"role": "tool", "name": call["name"], "content": content})
+    reply = f"<answer>{task.gold.answer}</answer>" if task.gold.answer is not None else "Done."
+    messages.append({"role": "assistant", "content": reply})
+    request = VerifyRequest(
+        verifier="tool_use",
+        ground_truth={"pack": p.id, "task": task.id},
+        messages=messages,
+        response_start=len(task.prompt),
+    )
+    return world, request
+
+
+def test_the_taught_format_scores_full_and_a_wrong_call_scores_clearly_less(bank: Pack) -> None:
+    for task in [t for t in bank.tasks if t.complexity.level in (1, 2)][:12]:
+        depths = call_depths(task.gold.calls)
+        gold = [
+            {"name": c.name, "arguments": c.arguments}
+            for c in sorted(task.gold.calls, key=lambda c: depths[c.id])
+        ]
+        world, request = _trajectory(bank, task, gold)
+        assert score(bank, task, world, request, mode="eval").score == 1.0, task.id
+        right = score(bank, task, world, request, mode="train").score
+        wrong_calls = [{**gold[0], "arguments": {**gold[0]["arguments"], "account_id": "A-9999"}}, *gold[1:]]
+        world, request = _trajectory(bank, task, wrong_calls)
+        assert score(bank, task, world, request, mode="eval").score == 0.0, task.id
+        assert right - score(bank, task, world, request, mode="train").score >= 0.2, task.id

@@ -1,0 +1,146 @@
+"""Few-shot text prompts for environment tasks, for models whose chat template shows no tools.
+
+SmolLM2-135M's template renders neither ``tools=`` nor assistant ``tool_calls``: the model
+sees message text only. So, as for arithmetic (``tools/data/arithmetic.py``), the prompt
+says everything in text:
+
+- system: the pack's policy, one line per tool the task exposes (name, arguments,
+  description) and the hermes call format;
+- ``shots`` worked examples (``tools.envs.procedural.examples.worked_examples``), each a
+  user turn, then per call an assistant turn with one ``<tool_call>`` block and its
+  result as a ``tool`` turn (the role the rollout core writes real results with), then
+  the reply (``<answer>...</answer>`` for a question, ``Done. ...`` for a change);
+- the task's own user turn.
+
+Examples are chosen per task from a pool: those using the most of the task's tools first
+(a 135M model copies a demonstrated call far better than it reads a schema), then those
+of the task's level, then the pool's order. :func:`prompt_rows` rewrites the prompt of
+``tools.data.environments`` rows and keeps their ground truth and ``extra_info``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["build_env_prompt", "example_messages", "prompt_rows", "tool_lines"]
+
+CALL_FORMAT = (
+    "To call a tool, write:\n"
+    '<tool_call>\n{"name": "TOOL", "arguments": {"ARG": "VALUE"}}\n</tool_call>\n'
+    "The result comes back in the next message; make one call at a time. Then answer a question as "
+    "<answer>ANSWER</answer>, or say Done. after a change."
+)
+Chat = list[dict[str, Any]]
+
+
+def tool_lines(tools: Sequence[Mapping[str, Any]]) -> str:
+    """One line per MCP tool descriptor: ``- name(arg: type, opt?: type): description``."""
+    lines = []
+    for tool in tools:
+        schema = tool.get("inputSchema") or tool.get("input_schema") or {}
+        required = set(schema.get("required", ()))
+        args = ", ".join(
+            f"{name}{'' if name in required else '?'}: {spec.get('type', 'any')}"
+            for name, spec in (schema.get("properties") or {}).items()
+        )
+        description = (tool.get("description") or "").strip().split("\n")[0]
+        lines.append(f"- {tool['name']}({args}): {description}")
+    return "\n".join(lines)
+
+
+def _call_block(name: str, arguments: Any) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def _compact(content: Any) -> str:
+    """A tool result as compact JSON text (the server's results are JSON too)."""
+    if isinstance(content, str):
+        try:
+            content = json.loads(content)
+        except ValueError:
+            return content
+    return json.dumps(content, separators=(",", ":"))
+
+
+def example_messages(chat: Sequence[Mapping[str, Any]]) -> Chat:
+    """A solved chat (Hugging Face ``tool_calls`` form) as plain text turns in the hermes format.
+
+    One call per assistant turn, each followed by its result: the trainer's hermes parser
+    ends a turn at the first ``</tool_call>``, so that is how the model's own turns go.
+    """
+    messages: Chat = []
+    pending: list[Mapping[str, Any]] = []  # calls of the last assistant turn, awaiting their results
+    for message in chat:
+        role = message["role"]
+        if role == "assistant" and message.get("tool_calls"):
+            pending = list(message["tool_calls"])
+        elif role == "tool":
+            if not pending:
+                raise ValueError("a tool result without a call before it")
+            call = pending.pop(0)["function"]
+            messages.append({"role": "assistant", "content": _call_block(call["name"], call["arguments"])})
+            messages.append({"role": "tool", "content": _compact(message.get("content"))})
+        elif role == "assistant":
+            reply = str(message.get("content") or "").strip()
+            # worked_examples replies "Done. <facts>" after a change, the bare answer to a question
+            text = reply if reply.startswith("Done.") else f"<answer>{reply}</answer>"
+            messages.append({"role": "assistant", "content": text})
+        else:
+            messages.append({"role": role, "content": message.get("content") or ""})
+    return messages
+
+
+def _tools_used(chat: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {
+        call["function"]["name"]
+        for m in chat
+        if m.get("role") == "assistant"
+        for call in m.get("tool_calls") or ()
+    }
+
+
+def _choose(pool: Sequence[Chat], tools: set[str], shots: int) -> list[Chat]:
+    """The ``shots`` examples that use the most of ``tools``, ties in pool order, shown in pool order."""
+    ranked = sorted(range(len(pool)), key=lambda i: (-len(_tools_used(pool[i]) & tools), i))
+    return [pool[i] for i in sorted(ranked[:shots])]
+
+
+def build_env_prompt(
+    policy: str,
+    tools: Sequence[Mapping[str, Any]],
+    task_prompt: Sequence[Mapping[str, Any]],
+    examples: Sequence[Chat],
+    shots: int = 2,
+) -> Chat:
+    """System (policy, tools, call format), ``shots`` worked examples from ``examples``, the task's turns."""
+    if shots < 0 or shots > len(examples):
+        raise ValueError(f"shots must be between 0 and the {len(examples)} examples given, got {shots}")
+    turns = [dict(m) for m in task_prompt]
+    system = [policy.strip()] if policy.strip() else []
+    if turns and turns[0].get("role") == "system":
+        system.append(str(turns.pop(0).get("content") or "").strip())
+    system += ["You have these tools:\n" + tool_lines(tools), CALL_FORMAT]
+    chosen = _choose(examples, {str(t["name"]) for t in tools}, shots)
+    return [
+        {"role": "system", "content": "\n\n".join(system)},
+        *(m for chat in chosen for m in example_messages(chat)),
+        *turns,
+    ]
+
+
+def prompt_rows(
+    rows: Sequence[Mapping[str, Any]],
+    policy: str,
+    task_prompts: Mapping[str, Sequence[Mapping[str, Any]]],
+    examples: Sequence[Chat],
+    shots: int = 2,
+) -> list[dict[str, Any]]:
+    """``tools.data.environments`` rows with few-shot text prompts (``task_prompts``: task id -> its chat)."""
+    out = []
+    for row in rows:
+        info = row["extra_info"]
+        prompt = build_env_prompt(policy, info["tools"], task_prompts[info["task"]], examples, shots)
+        out.append({**row, "prompt": prompt})
+    return out
