@@ -34,6 +34,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument(
         "--attempts", type=int, default=3, help="answers asked per stage item before giving up"
     )
+    parser.add_argument("--parallel", type=int, default=4, help="model requests at once (stages 3 and 4)")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.2)
     parser.add_argument(
@@ -69,7 +70,7 @@ def _config(args: argparse.Namespace) -> BuildConfig:
     )
     return BuildConfig(
         scenario, args.out, model, attempts=args.attempts, tasks_per_level=args.tasks_per_level,
-        levels=levels, pack_id=args.pack_id, extend_toolset=not args.no_toolset_extension,
+        levels=levels, pack_id=args.pack_id, extend_toolset=not args.no_toolset_extension, parallel=args.parallel,
         progress=not args.no_progress,
     )  # fmt: skip
 

@@ -49,6 +49,11 @@ class StageLog:
         self.candidates += 1
         self.rejected.append({"candidate": candidate, "reason": reason[:500]})
 
+    def merge(self, other: StageLog) -> None:
+        self.candidates += other.candidates
+        self.accepted += other.accepted
+        self.rejected.extend(other.rejected)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "candidates": self.candidates,

@@ -13,7 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,14 +45,15 @@ class BuildConfig:
     levels: Sequence[int] = (1, 2, 3, 4)
     pack_id: str | None = None
     extend_toolset: bool = True  # add a distractor variant of each task without distractors
+    parallel: int = 4  # model requests at once (tools of stage 3, levels of stage 4)
     progress: bool = True
     executor: SandboxExecutor | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.scenario.strip():
             raise ValueError("the scenario is empty")
-        if self.attempts < 1 or self.tasks_per_level < 1:
-            raise ValueError("attempts and tasks_per_level must be >= 1")
+        if min(self.attempts, self.tasks_per_level, self.parallel) < 1:
+            raise ValueError("attempts, tasks_per_level and parallel must be >= 1")
         bad = sorted(set(self.levels) - {1, 2, 3, 4})
         if bad or not self.levels:
             raise ValueError(f"levels must be among 1-4, got {list(self.levels)}")
@@ -146,6 +148,39 @@ def _once(store: _Store, report: Report, name: str, run: Any) -> dict[str, Any]:
     return output
 
 
+def _fan_out(
+    config: BuildConfig, items: list[Any], job: Callable[[Any, StageLog], Any], desc: str, unit: str
+) -> Iterator[tuple[Any, Any, StageLog]]:
+    """``job(item, log)`` for each item, ``config.parallel`` at a time; (item, result, its log) as they finish.
+
+    Each job logs into a StageLog of its own (merged by the caller, in one thread). When a
+    job raises (the endpoint is down), jobs not started yet are cancelled, those running
+    still hand in their results (so they are saved), and then the first error is raised.
+    """
+    failure: BaseException | None = None
+    bar = tqdm(total=len(items), desc=desc, unit=unit, disable=not config.progress, leave=False)
+    with ThreadPoolExecutor(max_workers=config.parallel) as pool:
+        futures = {}
+        for item in items:
+            log = StageLog()
+            futures[pool.submit(job, item, log)] = (item, log)
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                bar.update()
+                if future.exception() is not None:
+                    failure = failure or future.exception()
+                    # cancel what has not started; a cancelled future never completes, so drop it
+                    pending = {f for f in pending if not f.cancel()}
+                    continue
+                item, log = futures[future]
+                yield item, future.result(), log
+    bar.close()
+    if failure is not None:
+        raise failure
+
+
 def _functions(
     config: BuildConfig,
     store: _Store,
@@ -160,15 +195,15 @@ def _functions(
         return output["sources"]
     log = report.stages.setdefault("functions", StageLog())
     log.resumed = False
-    todo = [
-        t
-        for t in documents["tools"]
-        if t["name"] not in output["sources"] and t["name"] not in output["failed"]
-    ]
-    for tool in tqdm(todo, desc="functions", unit="tool", disable=not config.progress, leave=False):
-        source = integrate(
-            config.model, tool, decomposition, documents["initial_state"], executor, log, config.attempts
-        )
+    done = set(output["sources"]) | set(output["failed"])
+    todo = [t for t in documents["tools"] if t["name"] not in done]
+
+    def job(tool: dict[str, Any], tool_log: StageLog) -> str | None:
+        state = documents["initial_state"]
+        return integrate(config.model, tool, decomposition, state, executor, tool_log, config.attempts)
+
+    for tool, source, tool_log in _fan_out(config, todo, job, "functions", "tool"):
+        log.merge(tool_log)
         if source is None:
             output["failed"].append(tool["name"])
         else:
@@ -190,10 +225,14 @@ def _tasks(
     if todo:
         log = report.stages.setdefault("tasks", StageLog())
         log.resumed = False
-        for level in tqdm(todo, desc="tasks", unit="level", disable=not config.progress, leave=False):
-            output["levels"][str(level)] = scale(
-                config.model, level, config.tasks_per_level, documents, tools, log, config.attempts
-            )
+
+        def job(level: int, level_log: StageLog) -> list[dict[str, Any]]:
+            count = config.tasks_per_level
+            return scale(config.model, level, count, documents, tools, level_log, config.attempts)
+
+        for level, composed, level_log in _fan_out(config, todo, job, "tasks", "level"):
+            log.merge(level_log)
+            output["levels"][str(level)] = composed
             store.save("tasks", output, log, complete=False)
         store.save("tasks", output, log)
     tasks = [task for level in sorted(config.levels) for task in output["levels"][str(level)]]
