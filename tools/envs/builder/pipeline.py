@@ -122,9 +122,7 @@ def build(config: BuildConfig) -> Report:
         _deploy(config, report, decomposition, documents, sources, raw_tasks, executor)
         bar.update()
         report.status = "built"
-    except _StageFailed as exc:
-        report.fail(stage, str(exc))
-    except BuildError as exc:
+    except (_StageFailed, BuildError) as exc:
         report.fail(stage, str(exc))
     except SandboxError as exc:  # generated code cannot be checked without the sandbox: stop, say why
         report.fail(stage, f"the sandbox cannot run generated code here: {exc}")
@@ -136,7 +134,10 @@ def build(config: BuildConfig) -> Report:
     return report
 
 
-def _once(store: _Store, report: Report, name: str, run: Any) -> dict[str, Any]:
+def _once(
+    store: _Store, report: Report, name: str, run: Callable[[StageLog], dict[str, Any] | None]
+) -> dict[str, Any]:
+    """A one-answer stage (decomposition, documents): its saved output, or the model's."""
     saved, complete = _resume(store, name, report)
     if complete:
         return saved
@@ -261,7 +262,7 @@ def _env_task(raw: dict[str, Any], task_id: str, writes: set[str]) -> EnvTask:
     )
 
 
-def pack_id(config: BuildConfig, domain: str) -> str:
+def _pack_id(config: BuildConfig, domain: str) -> str:
     if config.pack_id:
         return config.pack_id
     digest = hashlib.sha256(config.scenario.encode()).hexdigest()[:8]
@@ -288,7 +289,7 @@ def _deploy(
     if config.extend_toolset:
         tasks += extend_toolset(tasks, list(sources), report.log("toolset extension"))
     info = PackInfo(
-        pack_id(config, decomposition["domain"]), origin="built", domain=decomposition["domain"],
+        _pack_id(config, decomposition["domain"]), origin="built", domain=decomposition["domain"],
         description=decomposition["description"],
     )  # fmt: skip
     draft = Pack(info, built_tools(docs, source, executor), documents["initial_state"], tasks, trusted=False)
