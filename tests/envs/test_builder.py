@@ -500,10 +500,11 @@ def test_a_real_small_model_is_judged_never_crashes(tmp_path, executor) -> None:
     """SmolLM2-135M through the same endpoint shape: whatever it writes is accepted or rejected with reasons."""
     app = create_app(shared_chat_model())
     with serve_in_thread(app) as url:
-        model = ChatModel(url + "/v1", "smollm2", max_tokens=32, temperature=0.0)
+        model = ChatModel(url + "/v1", max_tokens=32, temperature=0.0)  # the name from /v1/models
         config = BuildConfig(SCENARIO, tmp_path, model, attempts=1, tasks_per_level=1, levels=[1],
                              progress=False, executor=executor)  # fmt: skip
         report = build(config)
+    assert app.state.faults.bodies[0]["model"] == "smollm2-135m-instruct"
     assert report.status in ("built", "failed")
     first = report.stages["decomposition"]
     assert first.candidates >= 1 and first.accepted + len(first.rejected) == first.candidates

@@ -23,7 +23,11 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--scenario", required=True, help="what the world is about (text, or @file to read it)"
     )
     parser.add_argument("--model", required=True, help="OpenAI-compatible endpoint, e.g. http://host:8000/v1")
-    parser.add_argument("--model-name", default="default", help="model name sent in each request")
+    parser.add_argument(
+        "--model-name",
+        default=None,
+        help="model name sent in each request (default: the first at <endpoint>/models)",
+    )
     parser.add_argument(
         "--api-key-env", default="OPENAI_API_KEY", help="environment variable holding the API key"
     )

@@ -73,7 +73,7 @@ class ChatModel:
     """``POST {base_url}/chat/completions`` with a bounded number of transport retries."""
 
     base_url: str
-    model: str = "default"
+    model: str | None = None  # None: the first model the endpoint lists at /models (vLLM serves one)
     api_key: str | None = None
     temperature: float = 0.2
     max_tokens: int = 4096
@@ -88,10 +88,22 @@ class ChatModel:
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         self._client = httpx.Client(timeout=self.timeout_s, headers=headers)
 
+    def model_name(self) -> str:
+        """The model to ask: the configured one, else the endpoint's first listed model, else "default"."""
+        if self.model is None:
+            self.model = "default"
+            try:
+                listed = self._client.get(f"{self.base_url}/models")
+                if listed.status_code == 200:
+                    self.model = str(listed.json()["data"][0]["id"])
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+                pass  # the request itself will say what is wrong with the endpoint
+        return self.model
+
     def complete(self, messages: list[dict[str, str]]) -> str:
         """The assistant's text. BuildError when the endpoint stays down or answers malformed."""
         body: dict[str, Any] = {
-            "model": self.model,
+            "model": self.model_name(),
             "messages": messages,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
