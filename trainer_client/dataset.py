@@ -51,9 +51,9 @@ class TaskRow:
         )
 
     def task(self) -> Task:
-        """A rollout ``Task``: ``extra_info`` may name a ``verifier`` and ``tools`` (MCP
-        descriptors or chat-template schemas; the task gets the latter); all of it lands in
-        ``metadata``."""
+        """A rollout ``Task``: ``extra_info`` may name a ``verifier``, ``tools`` (MCP
+        descriptors or chat-template schemas; the task gets the latter) and the user's later
+        ``turns`` of a multi-turn conversation; all of it lands in ``metadata``."""
         from trainer_client.rollout import Task  # lazily: the CLI starts without the rollout core
         from trainer_client.templates import openai_tool_schemas
 
@@ -64,6 +64,7 @@ class TaskRow:
             tools=openai_tool_schemas(tools) if isinstance(tools, list) and tools else None,
             verifier=self.extra_info.get("verifier"),
             metadata={"data_source": self.data_source, **self.extra_info},
+            user_turns=_user_turns(self.extra_info.get("turns")),
         )
 
 
@@ -84,9 +85,23 @@ def drop_nulls(value: Any) -> Any:
 
 def _extra_info(value: Any) -> dict[str, Any]:
     info = dict(value or {})
-    if isinstance(info.get("tools"), list):
-        info["tools"] = drop_nulls(info["tools"])
+    for key in ("tools", "turns"):
+        if isinstance(info.get(key), list):
+            info[key] = drop_nulls(info[key])
     return info
+
+
+def _user_turns(value: Any) -> list[list[dict[str, Any]]]:
+    """``extra_info["turns"]``: the user's later turns, each a list of chat messages."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(turn, list) and all(isinstance(m, dict) for m in turn) for turn in value
+    ):
+        raise DatasetError(
+            f"extra_info 'turns' must be a list of turns, each a list of messages: {str(value)[:200]}"
+        )
+    return [[dict(m) for m in turn] for turn in value]
 
 
 def load_tasks(path: str | os.PathLike[str], *, limit: int | None = None, offset: int = 0) -> list[TaskRow]:

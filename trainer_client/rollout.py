@@ -106,13 +106,20 @@ class RolloutConfig:
 
 @dataclass
 class Task:
-    """One prompt to roll out. ``tools`` are JSON tool schemas given to the chat template."""
+    """One prompt to roll out. ``tools`` are JSON tool schemas given to the chat template.
+
+    ``user_turns`` are the user's later messages of a multi-turn conversation (BFCL
+    multi-turn: ``metadata["turns"]`` from the dataset), each a list of messages: when the
+    model ends a turn without calling a tool, the next one is spliced in (mask 0) and
+    the model goes on, until none is left.
+    """
 
     messages: list[dict[str, Any]]
     ground_truth: Any = None
     tools: list[dict[str, Any]] | None = None
     verifier: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    user_turns: list[list[dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass
@@ -269,23 +276,31 @@ class RolloutCore:
             s.metrics["parse_errors"] += len(outcome.errors)
             s.metrics["client_s"] += time.perf_counter() - cpu_start
 
+            user_turn_next = s.next_user_turn < len(s.task.user_turns)
             if outcome.final_answer is not None:
                 s.final_answer = outcome.final_answer
-                s.stop_reason = StopReason.ANSWER
-                return
+                if not user_turn_next:
+                    s.stop_reason = StopReason.ANSWER
+                    return
             if len(s.response_ids) >= cfg.response_length or (
                 output.stop_reason == STOP_LENGTH and not outcome.calls
             ):
                 s.stop_reason = StopReason.LENGTH
                 return
-            if not outcome.calls and not outcome.errors:
+            ends_turn = outcome.final_answer is not None or (not outcome.calls and not outcome.errors)
+            if ends_turn and not user_turn_next:
                 s.stop_reason = StopReason.EOS if ended_with_eos else StopReason.NO_TOOL_CALL
                 return
             if turn == cfg.max_turns - 1:
                 s.stop_reason = StopReason.MAX_TURNS
                 return
 
-            observations = await self._invoke(s, outcome.calls, outcome.errors)
+            if ends_turn:  # the model answered the user, who goes on with the next request
+                observations = [dict(m) for m in s.task.user_turns[s.next_user_turn]]
+                s.next_user_turn += 1
+                s.metrics["user_turns"] += 1
+            else:
+                observations = await self._invoke(s, outcome.calls, outcome.errors)
 
             cpu_start = time.perf_counter()
             splice = self._render(observations, turn_ids, s.task.tools, s)
@@ -491,6 +506,7 @@ class _State:
         "task",
         "session_id",
         "bound",
+        "next_user_turn",
         "prompt_ids",
         "response_ids",
         "response_mask",
@@ -510,6 +526,7 @@ class _State:
         self.task = task
         self.session_id = session_id
         self.bound = False  # the session was bound to its environment task (if it has one)
+        self.next_user_turn = 0  # index into task.user_turns
         self.prompt_ids: list[int] = []
         self.response_ids: list[int] = []
         self.response_mask: list[int] = []
@@ -531,6 +548,7 @@ class _State:
             "parse_errors": 0,
             "dropped_calls": 0,
             "truncated_observations": 0,
+            "user_turns": 0,
         }
 
     def append(self, ids: list[int], mask: int, log_probs: list[float] | None) -> None:

@@ -48,6 +48,8 @@ def task_row(pack: Pack, task: EnvTask, *, split: str, index: int, prefix: str =
             "level": task.complexity.level,
             "verifier": VERIFIER,
             "tools": tools,
+            # a multi-turn task's later user turns (BFCL), played by the rollout core
+            **({"turns": task.metadata["turns"]} if task.metadata.get("turns") else {}),
         },
     }
 
