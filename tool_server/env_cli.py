@@ -1,4 +1,4 @@
-"""``tool-server env``: list, show, validate and export environment packs.
+"""``tool-server env``: list, show, validate, export and build environment packs.
 
 A pack is named by its id in the config's ``environments``, or given directly as a pack
 directory or a ``module:callable`` source (with ``--arg key=value`` for its arguments).
@@ -16,6 +16,8 @@ import orjson
 
 from tool_server.config import Config, ConfigError
 from tool_server.environments import load_environment
+from tools.envs.builder.cli import configure as configure_build
+from tools.envs.builder.cli import run as run_build
 from tools.envs.host import open_pack, parse_arguments
 from tools.envs.pack import Complexity, EnvTask, Pack, dump_pack
 
@@ -36,13 +38,15 @@ whose keyword arguments are given with --arg key=value (values are YAML: 3, true
             world of the task, its complexity is what its gold calls' dependency graph
             gives (Complexity.from_calls); exit 1 when a task fails
   export    write a pack as a directory (pack.yaml, state.json, tasks.jsonl)
+  build     build a new pack from a scenario with a model behind an OpenAI-compatible
+            endpoint (--scenario TEXT --model URL --out DIR); see docs/environments.md
 """
 
 
 def add_env_parser(sub: Any, add_config_arg: Any) -> None:
     env = sub.add_parser(
         "env",
-        help="list, show, validate or export environment packs",
+        help="list, show, validate, export or build environment packs",
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -86,9 +90,20 @@ def add_env_parser(sub: Any, add_config_arg: Any) -> None:
                 help="the module whose TOOLS the directory's pack.yaml names (default: the module "
                 "that defines the pack's tools, if it exports TOOLS)",
             )
+    build = commands.add_parser(
+        "build",
+        help="build a new pack from a scenario with a model (five checked stages)",
+        description="Build a pack from a scenario through an OpenAI-compatible endpoint: decomposition, "
+        "documents, functions, tasks, deployment; every stage's output is validated, generated tool "
+        "code runs only in the sandbox, and a gate replays every task before the pack is written.",
+    )
+    add_config_arg(build)
+    configure_build(build)
 
 
 def run_env(args: argparse.Namespace, config: Config) -> int:
+    if args.env_command == "build":
+        return run_build(args)
     if args.env_command == "list":
         return _list(config, args.json)
     pack = _pack(config, args.pack, args.arg)

@@ -341,3 +341,16 @@ def test_a_built_pack_validates_and_serves_its_tools_from_the_sandbox(tmp_path: 
         assert sold.structured == {"sold": True}
         assert run(srv, "get_item", seller).structured == {"sold": True}
         assert run(srv, "get_item", other).structured == {"sold": False}
+
+
+def test_env_build_is_a_tool_server_command(tmp_path: Path) -> None:
+    """``tool-server env build`` runs the builder (tests/envs/test_builder.py tests the pipeline):
+    a dead endpoint ends the build with its URL in the report, and bad options exit 2."""
+    out = tmp_path / "build"
+    dead = cli("build", "--scenario", "a tiny shop", "--model", "http://127.0.0.1:9/v1", "--model-name", "m",
+               "--out", str(out), "--no-progress")  # fmt: skip
+    assert dead.returncode == 1, dead.stderr
+    assert "cannot reach http://127.0.0.1:9/v1" in dead.stdout + dead.stderr
+    assert (out / "report.json").is_file()
+    missing = cli("build", "--model", "http://127.0.0.1:9/v1", "--out", str(out))
+    assert missing.returncode == 2 and "--scenario" in missing.stderr

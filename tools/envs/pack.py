@@ -351,15 +351,7 @@ def load_pack(path: str | Path) -> Pack:
         policy = (root / str(meta["policy"])).read_text()
     state_path = root / "state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    tasks_path = root / "tasks.jsonl"
-    tasks = []
-    if tasks_path.is_file():
-        for number, line in enumerate(tasks_path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    tasks.append(EnvTask.from_dict(json.loads(line)))
-                except (ValueError, TypeError) as exc:
-                    raise ValueError(f"{tasks_path}:{number}: {exc}") from None
+    tasks = read_tasks(root / "tasks.jsonl")
     info = PackInfo(
         **{k: str(meta[k]) for k in ("id", "version", "origin", "domain", "description") if k in meta}
     )
@@ -369,6 +361,19 @@ def load_pack(path: str | Path) -> Pack:
         else None
     )
     return Pack(info, tools, state, tasks, policy=policy, state_schema=schema)
+
+
+def read_tasks(path: Path) -> list[EnvTask]:
+    """The tasks of a ``tasks.jsonl`` (none when the file is absent); a bad line is an error naming it."""
+    tasks = []
+    if path.is_file():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    tasks.append(EnvTask.from_dict(json.loads(line)))
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"{path}:{number}: {exc}") from None
+    return tasks
 
 
 def dump_pack(pack: Pack, path: str | Path, *, tools_module: str) -> Path:

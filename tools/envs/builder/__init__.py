@@ -8,9 +8,24 @@ whose JSON answer is validated and retried (``stages``), then a deterministic ga
 (``loader``, ``sandboxed``). Entry points: ``build`` and the ``env build`` command (``cli``).
 """
 
-from tools.envs.builder.llm import ChatModel
-from tools.envs.builder.loader import load_built_pack
-from tools.envs.builder.pipeline import BuildConfig, build
-from tools.envs.builder.sandboxed import SandboxExecutor
+import importlib
+from typing import Any
 
 __all__ = ["BuildConfig", "ChatModel", "SandboxExecutor", "build", "load_built_pack"]
+
+# Loaded on first use: `tool-server --help` imports the `env build` command, which must not
+# pull in the pipeline (httpx, jsonschema, the sandbox).
+_WHERE = {
+    "BuildConfig": "pipeline",
+    "build": "pipeline",
+    "ChatModel": "llm",
+    "load_built_pack": "loader",
+    "SandboxExecutor": "sandboxed",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tools.envs.builder' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"tools.envs.builder.{module}"), name)

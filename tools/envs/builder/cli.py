@@ -11,9 +11,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tools.envs.builder.llm import ChatModel
-from tools.envs.builder.pipeline import BuildConfig, build
+if TYPE_CHECKING:  # the pipeline (httpx, jsonschema, the sandbox) loads when a build runs, not for --help
+    from tools.envs.builder.pipeline import BuildConfig
 
 __all__ = ["configure", "main", "run"]
 
@@ -54,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> BuildConfig:
+    from tools.envs.builder.llm import ChatModel
+    from tools.envs.builder.pipeline import BuildConfig
+
     scenario = args.scenario
     if scenario.startswith("@"):
         try:
@@ -86,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"env build: {exc}", file=sys.stderr)
         return 2
     try:
+        from tools.envs.builder.pipeline import build
+
         report = build(config)
     except ValueError as exc:
         print(f"env build: {exc}", file=sys.stderr)

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from tools.envs.builder.sandboxed import SandboxExecutor, ToolSpec, pack_executor
-from tools.envs.pack import EnvTask, EnvTool, Pack, PackInfo, dump_pack
+from tools.envs.pack import EnvTask, EnvTool, Pack, PackInfo, dump_pack, read_tasks
 
 __all__ = ["SANDBOXED", "assemble_source", "built_tools", "load_built_pack", "write_built_pack"]
 
@@ -106,15 +106,7 @@ def load_built_pack(path: str | Path, executor: SandboxExecutor | None = None) -
         ast.parse(source)  # syntax only: the code itself runs in the sandbox
     except SyntaxError as exc:
         raise ValueError(f"{root / TOOL_SOURCE}: syntax error line {exc.lineno}: {exc.msg}") from None
-    tasks = []
-    tasks_path = root / "tasks.jsonl"
-    if tasks_path.is_file():
-        for number, line in enumerate(tasks_path.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    tasks.append(EnvTask.from_dict(json.loads(line)))
-                except (ValueError, TypeError) as exc:
-                    raise ValueError(f"{tasks_path}:{number}: {exc}") from None
+    tasks = read_tasks(root / "tasks.jsonl")
     info = PackInfo(
         **{k: str(meta[k]) for k in ("id", "version", "origin", "domain", "description") if k in meta}
     )
