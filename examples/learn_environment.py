@@ -18,7 +18,14 @@ What it does:
    mode (all or nothing over the task's reward basis) == 1.0; with ``--publish NAME``
    copies ``reward_curve.png`` and a JSON of the figures to ``examples/results/``.
 
-The choices, and why: examples/README.md, "Environment learning run".
+The choices, and why (examples/README.md, "Environment learning run"):
+
+- **world** bank (levels 1-2): every argument is an id or an amount written in the task,
+  so the skill is copying it into the right call and the result into the answer;
+- **temperature 0.5**: pilot (16 held-out tasks) success 6 % at 0.7 (parse errors 0.44
+  per trajectory), 19 % at 0.5 (no parse errors), 38 % greedy;
+- **reward** ``tool_use`` train mode: a gold trajectory scores 0.94 on average, right calls
+  with a wrong answer 0.82, a wrong id 0.50, no call 0.30, so it ranks as success does.
 """
 
 from __future__ import annotations
@@ -141,10 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--micro-batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--temperature", type=float, default=0.7, help="training and held-out sampling")
+    parser.add_argument("--temperature", type=float, default=0.5, help="training and held-out sampling")
     parser.add_argument("--eval-samples", type=int, default=1, help="samples per held-out task")
-    parser.add_argument("--eval-size", type=int, default=48)
-    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--eval-size", type=int, default=40)
+    parser.add_argument("--eval-every", type=int, default=0, help="0: at the start and the end only")
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--seed", type=int, default=0)
