@@ -195,3 +195,34 @@ def test_bad_agent_loop_settings_are_rejected_with_the_reason() -> None:
     assert settings.server_urls == ("http://a:1", "http://b:2")
     sample = settings.with_overrides({"index": 4, "verifier": "f1", "toolfactory": {"max_turns": 2}})
     assert (sample.verifier, sample.max_turns, sample.server_urls) == ("f1", 2, settings.server_urls)
+
+
+def test_the_environment_recipe_serves_the_pack_its_loop_and_data_name(tmp_path: Path) -> None:
+    """τ²-bench retail: the server config's pack is the toolset the agent loop names, its
+    verifier is the one environments register, and prepare_data.sh writes the files the
+    launch script trains on."""
+    from tool_server.config import load_config
+    from tool_server.environments import TOOL_USE, load_environment
+    from trainer_client.verl_config import load_agent_loop_yaml
+
+    recipe = EXAMPLES / "tau2_retail"
+    config = load_config(recipe / "server.yaml", environ={})
+    (spec,) = config.environments
+    pack = load_environment(spec)
+    settings = load_agent_loop_yaml(recipe / "agent_loop.yaml")["toolfactory"]
+    assert settings.toolset == (spec.toolset or pack.id) == "tau2-retail"
+    assert settings.verifier == TOOL_USE and settings.verifier_arguments == {"mode": "train"}
+    assert config.tools == [] and config.verifiers == []  # the pack's tools only
+
+    done = subprocess.run(
+        ["bash", str(recipe / "prepare_data.sh")],
+        env={**os.environ, "DATA_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    overrides = dict(o.split("=", 1) for o in dry_run(recipe / "train_grpo_8gpu.sh", DATA_DIR=str(tmp_path)))
+    for key in ("data.train_files", "data.val_files"):
+        assert Path(overrides[key]).is_file(), overrides[key]
