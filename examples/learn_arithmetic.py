@@ -31,28 +31,18 @@ The choices, and why (examples/README.md, "The learning run"):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.data import arithmetic, write_parquet  # noqa: E402
-from trainer_client import train_cli  # noqa: E402
+sys.path.insert(0, str(REPO / "examples"))
 
-RESULTS = REPO / "examples" / "results"
+from _run import exit_on_sigterm, publish, run_trainer, tool_server  # noqa: E402
+
+from tools.data import arithmetic, write_parquet  # noqa: E402
 
 SERVER_CONFIG = {
     "server": {"shutdown_grace_s": 2, "log_level": "warning"},
@@ -80,47 +70,6 @@ def build_data(out: Path, n_train: int, n_test: int, seed: int) -> tuple[Path, P
         write_parquet(rows["train"], out / "data" / "train.parquet"),
         write_parquet(rows["test"], out / "data" / "test.parquet"),
     )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@contextlib.contextmanager
-def tool_server(out: Path) -> Iterator[str]:
-    """``tool-server serve`` with the calculator and the verifiers; yields its URL, stops it after."""
-    config = out / "server.yaml"
-    config.write_text(yaml.safe_dump(SERVER_CONFIG))
-    port = free_port()
-    log = open(out / "server.log", "w")  # noqa: SIM115 (closed below)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tool_server.cli", "serve", "--config", str(config), "--port", str(port)],
-        cwd=REPO,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"tool server exited with {proc.returncode}; see {out / 'server.log'}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("tool server did not become healthy within 120 s")
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> list[str]:
@@ -158,26 +107,6 @@ def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> l
     return argv
 
 
-def publish(out: Path, name: str) -> None:
-    """Copy the plot and a JSON of the figures to examples/results/ (committed with the README)."""
-    from trainer_client.summary import summarize_run
-
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    summary = summarize_run(out / "metrics.jsonl")
-    summary["config"] = json.loads((out / "config.json").read_text())
-    for key in ("server", "train_data", "eval_data", "out_dir"):
-        summary["config"].pop(key, None)
-    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    if (out / "reward_curve.png").is_file():
-        shutil.copy(out / "reward_curve.png", RESULTS / f"{name}.png")
-    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
-
-
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    print(f"learn_arithmetic: received signal {signum}; stopping", file=sys.stderr, flush=True)
-    sys.exit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learn_arithmetic")
@@ -205,14 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     train, test = build_data(args.out, args.n_train, 200, args.seed)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # SIGTERM (kill PID) unwinds like Ctrl-C, so the tool server below is stopped too.
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    with tool_server(args.out) as url:
-        command = train_argv(args, url, train, test)
-        print(
-            "trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in command), flush=True
-        )
-        code = train_cli.main(command)
+    exit_on_sigterm()
+    with tool_server(args.out, SERVER_CONFIG) as url:
+        code = run_trainer(train_argv(args, url, train, test))
     if code == 0 and args.publish:
         publish(args.out, args.publish)
     return code

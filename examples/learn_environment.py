@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -41,14 +40,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-import learn_arithmetic as runner  # noqa: E402 (its server and publishing helpers)
+from _run import exit_on_sigterm, publish, run_trainer, tool_server  # noqa: E402
 
 from tools.data import write_parquet  # noqa: E402
 from tools.data.env_prompts import prompt_rows  # noqa: E402
 from tools.data.environments import build_rows  # noqa: E402
 from tools.envs.procedural import pack  # noqa: E402
 from tools.envs.procedural.examples import worked_examples  # noqa: E402
-from trainer_client import train_cli  # noqa: E402
 
 SOURCE = "tools.envs.procedural:pack"
 LEVELS = [1, 2]
@@ -131,11 +129,6 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
     return argv
 
 
-def _exit_on_signal(signum: int, _frame: object) -> None:
-    print(f"learn_environment: received signal {signum}; stopping", file=sys.stderr, flush=True)
-    sys.exit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "learn_environment")
@@ -164,17 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    signal.signal(signal.SIGTERM, _exit_on_signal)
-    # learn_arithmetic's server helper writes its module's SERVER_CONFIG: point it at ours.
-    runner.SERVER_CONFIG = server_config(args)
-    with runner.tool_server(args.out) as url:
-        command = train_argv(args, url, pack_id, train, test)
-        print(
-            "trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in command), flush=True
-        )
-        code = train_cli.main(command)
+    exit_on_sigterm()
+    with tool_server(args.out, server_config(args)) as url:
+        code = run_trainer(train_argv(args, url, pack_id, train, test))
     if code == 0 and args.publish:
-        runner.publish(args.out, args.publish)
+        publish(args.out, args.publish)
     return code
 
 
