@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
         help="env: the tool-name prefix the server's environments entry uses (default none)",
     )
     build.add_argument(
+        "--env-shots",
+        type=int,
+        default=0,
+        metavar="K",
+        help="env: K worked examples written out as text in each prompt, with the tools and the call "
+        "format (tools.data.env_prompts; for models whose chat template shows no tools, e.g. SmolLM2); "
+        "procedural packs only (default 0: the pack's policy and the task's own prompt)",
+    )
+    build.add_argument(
         "--few-shot",
         type=int,
         default=3,
@@ -143,7 +152,28 @@ def _env_rows(ref: str, args: argparse.Namespace, out: Path) -> tuple[Path, dict
     rows = environments.build_rows(
         pack, seed=args.seed, test_fraction=args.env_test_fraction, prefix=args.env_prefix, levels=levels
     )
+    if args.env_shots:
+        rows = _few_shot(pack, rows, args.env_shots, levels, args.seed)
     return out / "env" / pack.id, rows
+
+
+def _few_shot(
+    pack: Any, rows: dict[str, list[dict[str, Any]]], shots: int, levels: set[int] | None, seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    """The rows with few-shot text prompts: worked examples drawn beside the pack's tasks."""
+    from tools.data.env_prompts import prompt_rows
+    from tools.envs.procedural.examples import worked_examples
+
+    if pack.info.origin != "procedural":
+        raise ValueError(
+            f"--env-shots needs a procedural pack (worked examples are generated); {pack.id} is not"
+        )
+    pool = worked_examples(pack, count=max(8, shots), levels=sorted(levels or {1, 2}), seed=seed)
+    prompts = {t.id: t.prompt for t in pack.tasks}
+    return {
+        split: prompt_rows(split_rows, pack.policy, prompts, pool, shots)
+        for split, split_rows in rows.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
