@@ -8,6 +8,7 @@ published figures.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import shutil
@@ -25,6 +26,71 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "examples" / "results"
+
+
+def add_schedule_options(
+    parser: argparse.ArgumentParser,
+    *,
+    out: str,
+    temperature: float,
+    eval_size: int,
+    eval_every: int,
+    threads: int,
+) -> argparse.ArgumentParser:
+    """The options every learning run has (the defaults that differ are arguments)."""
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / out)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--micro-batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument(
+        "--temperature", type=float, default=temperature, help="training and held-out sampling"
+    )
+    parser.add_argument("--eval-samples", type=int, default=1, help="samples per held-out problem")
+    parser.add_argument("--eval-size", type=int, default=eval_size)
+    parser.add_argument("--eval-every", type=int, default=eval_every, help="0: at the start and the end only")
+    parser.add_argument("--save-every", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=threads, help="torch threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument("--pilot", action="store_true", help="3 steps, 16 held-out problems")
+    parser.add_argument("--publish", default=None, help="name under examples/results/ (default: none)")
+    return parser
+
+
+def parse_schedule(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parsed options (``--pilot``: 3 steps, 16 held-out problems) with the run folder made."""
+    args = parser.parse_args(argv)
+    if args.pilot:
+        args.steps, args.eval_size, args.eval_every, args.eval_samples = 3, 16, 3, 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def schedule_flags(args: argparse.Namespace) -> list[str]:
+    """The ``trainer-client train`` flags of the shared options (sampled and greedy held-out evaluation)."""
+    flags = [
+        "--out-dir", str(args.out),
+        "--steps", str(args.steps),
+        "--prompts-per-step", str(args.prompts_per_step),
+        "--group-size", str(args.group_size),
+        "--micro-batch-size", str(args.micro_batch_size),
+        "--lr", str(args.lr),
+        "--temperature", str(args.temperature),
+        "--eval-temperature", str(args.temperature),
+        "--eval-samples", str(args.eval_samples),
+        "--greedy-eval",
+        "--eval-size", str(args.eval_size),
+        "--eval-every", str(args.eval_every),
+        "--save-every", str(args.save_every),
+        "--threads", str(args.threads),
+        "--seed", str(args.seed),
+        "--verbose",
+    ]  # fmt: skip
+    if args.max_minutes:
+        flags += ["--max-minutes", str(args.max_minutes)]
+    return flags
 
 
 def free_port() -> int:

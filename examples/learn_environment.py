@@ -40,7 +40,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "examples"))
 
-from _run import exit_on_sigterm, publish, run_trainer, tool_server  # noqa: E402
+from _run import (  # noqa: E402
+    add_schedule_options,
+    exit_on_sigterm,
+    parse_schedule,
+    publish,
+    run_trainer,
+    schedule_flags,
+    tool_server,
+)
 
 from tools.data import write_parquet  # noqa: E402
 from tools.data.env_prompts import prompt_rows  # noqa: E402
@@ -91,70 +99,36 @@ def server_config(args: argparse.Namespace) -> dict[str, object]:
 
 def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
     """The ``trainer-client train`` arguments of this run."""
-    argv = [
+    return [
         "train",
         "--server", url,
         "--train-data", str(train),
         "--eval-data", str(test),
-        "--out-dir", str(args.out),
         "--toolset", pack_id,
         "--format", "hermes",
         "--tool-schemas", "none",
-        "--steps", str(args.steps),
-        "--prompts-per-step", str(args.prompts_per_step),
-        "--group-size", str(args.group_size),
-        "--micro-batch-size", str(args.micro_batch_size),
-        "--lr", str(args.lr),
         "--max-turns", "3",
         "--max-tokens-per-turn", "96",
         "--response-length", "320",
         "--max-obs-tokens", "96",
-        "--temperature", str(args.temperature),
-        "--eval-temperature", str(args.temperature),
-        "--eval-samples", str(args.eval_samples),
-        "--greedy-eval",
         "--verifier", "tool_use",
         "--verifier-args", json.dumps({"mode": "train"}),
         "--eval-verifier", "tool_use",
         "--eval-verifier-args", json.dumps({"mode": "eval"}),
-        "--eval-size", str(args.eval_size),
-        "--eval-every", str(args.eval_every),
-        "--save-every", str(args.save_every),
-        "--threads", str(args.threads),
-        "--seed", str(args.seed),
-        "--verbose",
+        *schedule_flags(args),
     ]  # fmt: skip
-    if args.max_minutes:
-        argv += ["--max-minutes", str(args.max_minutes)]
-    return argv
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "learn_environment")
+    add_schedule_options(
+        parser, out="learn_environment", temperature=0.5, eval_size=40, eval_every=0, threads=2
+    )
     parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
     parser.add_argument("--tasks", type=int, default=400, help="tasks in the pack (levels 1-2, half each)")
     parser.add_argument("--test-fraction", type=float, default=0.15)
     parser.add_argument("--shots", type=int, default=2, help="worked examples in each prompt")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--prompts-per-step", type=int, default=8)
-    parser.add_argument("--group-size", type=int, default=6)
-    parser.add_argument("--micro-batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-5)
-    parser.add_argument("--temperature", type=float, default=0.5, help="training and held-out sampling")
-    parser.add_argument("--eval-samples", type=int, default=1, help="samples per held-out task")
-    parser.add_argument("--eval-size", type=int, default=40)
-    parser.add_argument("--eval-every", type=int, default=0, help="0: at the start and the end only")
-    parser.add_argument("--save-every", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=None)
-    parser.add_argument("--pilot", action="store_true", help="3 steps, 16 held-out tasks")
-    parser.add_argument("--publish", default=None, help="name under examples/results/ (default: none)")
-    args = parser.parse_args(argv)
-    if args.pilot:
-        args.steps, args.eval_size, args.eval_every, args.eval_samples = 3, 16, 3, 1
-    args.out.mkdir(parents=True, exist_ok=True)
+    args = parse_schedule(parser, argv)
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     exit_on_sigterm()
