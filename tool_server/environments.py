@@ -81,6 +81,10 @@ def _tool_entry(
         timeout_s=timeout_s,
         idempotent=not tool.writes,  # a retried write could apply twice
         stateful=True,
+        # Packaged tools are quick Python over the session's world: run on the event loop
+        # after the session's turn (a thread hop cost several times the call). Generated
+        # tools wait on a sandbox process: a worker thread.
+        blocking=not pack.trusted,
     )
     check = schema_validator(name, tool.input_schema)
     return ToolEntry(

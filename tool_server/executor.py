@@ -436,6 +436,8 @@ class Executor:
                 async with asyncio.timeout(timeout) as deadline:
                     if entry.is_async:
                         output = await entry.func(**kwargs)
+                    elif not entry.meta.blocking:  # bounded work (a stateful one, after its turn)
+                        output = entry.func(**kwargs)
                     else:
                         output = await anyio.to_thread.run_sync(
                             functools.partial(_in_thread, entry.func, kwargs),
