@@ -149,11 +149,11 @@ def test_data_build_writes_rows_the_trainer_reads(tmp_path: Path) -> None:
         assert rollout_task.verifier == "tool_use"
         assert rollout_task.metadata["pack"] == "shop" and rollout_task.metadata["task"] == task.id
         exposed = task.tools or [t.name for t in env_pack.TOOLS]
-        assert [t["name"] for t in rollout_task.tools] == exposed
-        for descriptor in rollout_task.tools:  # what each tool declares survives the round trip
-            schema = pack.tool(descriptor["name"]).input_schema
-            assert set(schema["properties"]) <= set(descriptor["inputSchema"]["properties"])
-            assert list(descriptor["inputSchema"]["required"]) == schema["required"]
+        assert [t["name"] for t in row.extra_info["tools"]] == exposed
+        # the chat template gets them as function schemas, each as the pack declares it
+        assert [t["function"]["name"] for t in rollout_task.tools] == exposed
+        for schema in rollout_task.tools:
+            assert schema["function"]["parameters"] == pack.tool(schema["function"]["name"]).input_schema
 
 
 def test_data_build_tool_schemas_round_trip_exactly(tmp_path: Path) -> None:
