@@ -16,7 +16,9 @@ def test_import_is_light_and_every_public_name_resolves_lazily() -> None:
         "assert 'torch' not in sys.modules, 'import trainer_client imported torch'\n"
         "from trainer_client import RolloutCore, Task, ToolClient, get_parser\n"
         "assert 'torch' not in sys.modules, 'a light name imported torch'\n"
-        "trainer_client.GRPOConfig\n"
+        "trainer_client.GRPOConfig  # a plain dataclass: the train command's flags come from it\n"
+        "assert 'torch' not in sys.modules, 'GRPOConfig imported torch'\n"
+        "trainer_client.GRPOTrainer\n"
         "assert 'torch' in sys.modules\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

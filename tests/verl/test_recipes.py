@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,12 @@ def test_the_environment_recipe_serves_the_pack_its_loop_and_data_name(tmp_path:
 
     done = subprocess.run(
         ["bash", str(recipe / "prepare_data.sh")],
-        env={**os.environ, "DATA_DIR": str(tmp_path)},
+        # the script runs `python` as a user's activated environment has it: this one's
+        env={
+            **os.environ,
+            "DATA_DIR": str(tmp_path),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
         capture_output=True,
         text=True,
         timeout=300,
