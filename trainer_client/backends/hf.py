@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -128,8 +127,12 @@ class HFGenerator:
         """Stop the batching task and the worker thread (a later ``generate`` restarts them)."""
         if self._worker is not None and self._loop is asyncio.get_running_loop():
             self._worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._worker
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # the caller itself is being cancelled (Ctrl-C): not ours to swallow
         self._worker = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
