@@ -289,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = Path(args.out_dir).expanduser()
     data_dir = out_dir / "data"
+    # Ctrl-C raises right where the demo is: asyncio.run's own handler would only cancel the
+    # main task, and a cancellation swallowed on the way let an interrupted demo run to the end.
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    previous_int = signal.signal(signal.SIGINT, _sigterm_as_interrupt)
     started = time.perf_counter()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -313,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     return 0 if overall["trajectories"] and not overall["errors"] else 1
 
