@@ -47,12 +47,13 @@ import torch
 from trainer_client.backends.hf_prefix import (
     SharedPrefixGenerator,
     common_prefix_length,
+    prompt_prefix,
     use_gqa_decode_attention,
 )
 from trainer_client.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer_client.dataset import TaskRow, load_tasks
 from trainer_client.grpo_config import GRPOConfig
-from trainer_client.logprobs import prompt_prefix, response_logprobs, shared_prefix
+from trainer_client.logprobs import response_logprobs, shared_prefix
 from trainer_client.rollout import RolloutConfig, RolloutCore, Task, Trajectory
 from trainer_client.summary import (
     METRICS_FILE,

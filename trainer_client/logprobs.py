@@ -23,13 +23,11 @@ import torch
 import torch.utils.checkpoint
 
 from trainer_client.backends.hf_prefix import (
-    MIN_SHARED_PREFIX,
     cache_layers,
-    common_prefix_length,
     expanded_cache,
 )
 
-__all__ = ["SharedPrefix", "prompt_prefix", "response_logprobs", "shared_prefix"]
+__all__ = ["SharedPrefix", "response_logprobs", "shared_prefix"]
 
 
 @dataclass
@@ -79,14 +77,6 @@ def shared_prefix(model: Any, ids: Sequence[int], *, detach: bool = False) -> Sh
         leaves = [(k.detach().requires_grad_(True), v.detach().requires_grad_(True)) for k, v in layers]
         return SharedPrefix(list(ids), leaves, layers)
     return SharedPrefix(list(ids), layers)
-
-
-def prompt_prefix(prompts: Sequence[Sequence[int]], min_length: int = MIN_SHARED_PREFIX) -> list[int] | None:
-    """The prefix all prompts share (each keeps at least one token of its own), if long enough to be worth it."""
-    if not prompts:
-        return None
-    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
-    return list(prompts[0][:shared]) if shared >= min_length else None
 
 
 def response_logprobs(

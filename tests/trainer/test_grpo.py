@@ -23,6 +23,7 @@ from tests.support.server import REPO, running_server, server_config  # noqa: E4
 from trainer_client.backends.hf_prefix import (  # noqa: E402
     SharedPrefixGenerator,
     common_prefix_length,
+    prompt_prefix,
     use_gqa_decode_attention,
 )
 from trainer_client.grpo import (  # noqa: E402
@@ -34,7 +35,7 @@ from trainer_client.grpo import (  # noqa: E402
     policy_loss_terms,
     task_from_row,
 )
-from trainer_client.logprobs import prompt_prefix, response_logprobs, shared_prefix  # noqa: E402
+from trainer_client.logprobs import response_logprobs, shared_prefix  # noqa: E402
 from trainer_client.rollout import StopReason, Trajectory  # noqa: E402
 
 

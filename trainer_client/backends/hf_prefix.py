@@ -10,7 +10,7 @@ path copies the key/value cache for grouped-query attention at every decode step
 * ``use_gqa_decode_attention(model)``: an attention function for one-token decode steps
   that lays a KV head's query heads out as query positions instead of repeating the KV
   head for each of them.
-* The cache helpers (``common_prefix_length``, ``cache_layers``, ``expanded_cache``) are
+* The cache helpers (``common_prefix_length``, ``prompt_prefix``, ``cache_layers``, ``expanded_cache``) are
   shared with the trainer's log-prob computation (``trainer_client.logprobs``).
 """
 
@@ -31,6 +31,7 @@ __all__ = [
     "cache_layers",
     "common_prefix_length",
     "expanded_cache",
+    "prompt_prefix",
     "use_gqa_decode_attention",
 ]
 
@@ -55,6 +56,14 @@ def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
         if n == 0:
             break
     return n
+
+
+def prompt_prefix(prompts: Sequence[Sequence[int]], min_length: int = MIN_SHARED_PREFIX) -> list[int] | None:
+    """The prefix all prompts share (each keeps at least one token of its own), if long enough to be worth it."""
+    if not prompts:
+        return None
+    shared = min(common_prefix_length(prompts), min(len(p) for p in prompts) - 1)
+    return list(prompts[0][:shared]) if shared >= min_length else None
 
 
 def cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -154,10 +163,10 @@ class SharedPrefixGenerator(HFGenerator):
         self._anchors.clear()
 
     def _prefix_for(self, prompts: list[list[int]], capacity: int) -> tuple[int, Any]:
-        shared = common_prefix_length(prompts)
-        shared = min(shared, min(len(p) for p in prompts) - 1)  # every row keeps >= 1 token to feed
-        if shared < self.min_prefix:
+        ids = prompt_prefix(prompts, self.min_prefix)
+        if ids is None:
             return 0, None
+        shared = len(ids)
         best, best_len = None, 0
         for anchor in self._anchors:
             n = common_prefix_length([anchor[0][:shared], prompts[0][:shared]])
