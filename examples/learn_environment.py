@@ -51,14 +51,12 @@ from _run import (  # noqa: E402
 )
 
 from tools.data import write_parquet  # noqa: E402
-from tools.data.env_prompts import prompt_rows  # noqa: E402
+from tools.data.env_prompts import few_shot_rows  # noqa: E402
 from tools.data.environments import build_rows  # noqa: E402
 from tools.envs.procedural import pack  # noqa: E402
-from tools.envs.procedural.examples import worked_examples  # noqa: E402
 
 SOURCE = "tools.envs.procedural:pack"
 LEVELS = [1, 2]
-EXAMPLE_POOL = 8  # worked examples drawn beside the pack; each prompt shows the best-matching `shots`
 
 
 def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
@@ -78,14 +76,9 @@ def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     """The pack id and the train/test parquet files (few-shot text prompts)."""
     p = pack(**pack_arguments(args))
     rows = build_rows(p, seed=args.seed, test_fraction=args.test_fraction, levels=LEVELS)
-    examples = worked_examples(p, count=EXAMPLE_POOL, levels=LEVELS, seed=args.seed)
-    prompts = {t.id: t.prompt for t in p.tasks}
-    data = args.out / "data"
+    rows = few_shot_rows(p, rows, args.shots, LEVELS, args.seed)
     paths = [
-        write_parquet(
-            prompt_rows(rows[split], p.policy, prompts, examples, args.shots), data / f"{split}.parquet"
-        )
-        for split in ("train", "test")
+        write_parquet(rows[split], args.out / "data" / f"{split}.parquet") for split in ("train", "test")
     ]
     return p.id, paths[0], paths[1]
 

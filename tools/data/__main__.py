@@ -153,27 +153,10 @@ def _env_rows(ref: str, args: argparse.Namespace, out: Path) -> tuple[Path, dict
         pack, seed=args.seed, test_fraction=args.env_test_fraction, prefix=args.env_prefix, levels=levels
     )
     if args.env_shots:
-        rows = _few_shot(pack, rows, args.env_shots, levels, args.seed)
+        from tools.data.env_prompts import few_shot_rows
+
+        rows = few_shot_rows(pack, rows, args.env_shots, levels or (1, 2), args.seed)
     return out / "env" / pack.id, rows
-
-
-def _few_shot(
-    pack: Any, rows: dict[str, list[dict[str, Any]]], shots: int, levels: set[int] | None, seed: int
-) -> dict[str, list[dict[str, Any]]]:
-    """The rows with few-shot text prompts: worked examples drawn beside the pack's tasks."""
-    from tools.data.env_prompts import prompt_rows
-    from tools.envs.procedural.examples import worked_examples
-
-    if pack.info.origin != "procedural":
-        raise ValueError(
-            f"--env-shots needs a procedural pack (worked examples are generated); {pack.id} is not"
-        )
-    pool = worked_examples(pack, count=max(8, shots), levels=sorted(levels or {1, 2}), seed=seed)
-    prompts = {t.id: t.prompt for t in pack.tasks}
-    return {
-        split: prompt_rows(split_rows, pack.policy, prompts, pool, shots)
-        for split, split_rows in rows.items()
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,7 +24,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["build_env_prompt", "example_messages", "prompt_rows", "tool_lines"]
+__all__ = ["build_env_prompt", "example_messages", "few_shot_rows", "prompt_rows", "tool_lines"]
 
 CALL_FORMAT = (
     "To call a tool, write:\n"
@@ -144,3 +144,21 @@ def prompt_rows(
         prompt = build_env_prompt(policy, info["tools"], task_prompts[info["task"]], examples, shots)
         out.append({**row, "prompt": prompt})
     return out
+
+
+EXAMPLE_POOL = 8  # worked examples drawn beside the pack; each prompt shows the best-matching `shots`
+
+
+def few_shot_rows(
+    pack: Any, rows: Mapping[str, Sequence[Mapping[str, Any]]], shots: int, levels: Sequence[int], seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    """``tools.data.environments`` rows per split with few-shot text prompts: worked examples
+    drawn beside a procedural pack's tasks (ValueError for any other pack)."""
+    from tools.envs.procedural.examples import worked_examples
+
+    pool = worked_examples(pack, count=max(EXAMPLE_POOL, shots), levels=sorted(levels), seed=seed)
+    prompts = {t.id: t.prompt for t in pack.tasks}
+    return {
+        split: prompt_rows(split_rows, pack.policy, prompts, pool, shots)
+        for split, split_rows in rows.items()
+    }
