@@ -354,3 +354,37 @@ def test_env_build_is_a_tool_server_command(tmp_path: Path) -> None:
     assert (out / "report.json").is_file()
     missing = cli("build", "--model", "http://127.0.0.1:9/v1", "--out", str(out))
     assert missing.returncode == 2 and "--scenario" in missing.stderr
+
+
+def test_data_build_env_shots_writes_few_shot_prompts_for_procedural_packs(tmp_path: Path) -> None:
+    """``--env-shots K``: each prompt is the system text (policy, tools, call format), K worked
+    examples as text turns, then the task; ground truth and extra_info stay as without it."""
+    from tools.envs.procedural import pack
+
+    arguments = {"world": "bank", "tasks": 12, "levels": "[1, 2]", "pack_id": "bank-shots"}
+    common = [sys.executable, "-m", "tools.data", "build", "--tasks", "env:tools.envs.procedural:pack"]
+    common += [a for key, value in arguments.items() for a in ("--env-arg", f"{key}={value}")]
+    plain = subprocess.run(
+        [*common, "--out", str(tmp_path / "plain")], cwd=REPO, capture_output=True, text=True
+    )
+    shots = subprocess.run(
+        [*common, "--out", str(tmp_path / "shots"), "--env-shots", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert plain.returncode == 0 and shots.returncode == 0, plain.stderr + shots.stderr
+    tasks = {t.id: t for t in pack(world="bank", tasks=12, levels=[1, 2], pack_id="bank-shots").tasks}
+    for split in ("train", "test"):
+        bare = load_tasks(tmp_path / "plain" / "env" / "bank-shots" / f"{split}.parquet")
+        shown = load_tasks(tmp_path / "shots" / "env" / "bank-shots" / f"{split}.parquet")
+        assert [r.ground_truth for r in bare] == [r.ground_truth for r in shown]
+        assert [r.extra_info for r in bare] == [r.extra_info for r in shown]
+        for row in shown:
+            roles = [m["role"] for m in row.messages]
+            assert roles[0] == "system" and "<tool_call>" in row.messages[0]["content"]
+            assert roles.count("user") == 3, roles  # two worked examples, then the task
+            assert sum("<tool_call>" in m["content"] for m in row.messages if m["role"] == "assistant") >= 2
+            assert row.messages[-1] == tasks[row.ground_truth["task"]].prompt[-1]
+    refused = build_data(tmp_path / "bad", "--env-shots", "2")  # the test pack is not procedural
+    assert refused.returncode != 0 and "not procedural" in refused.stdout + refused.stderr
