@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import orjson
 
@@ -163,6 +163,8 @@ class Trajectory:
     ``response_mask`` is 1 for model tokens and 0 for observation/template tokens;
     ``response_logprobs`` holds the sampling log-probs of model tokens and 0.0 elsewhere.
     ``num_turns`` counts as veRL does: 1 (the prompt) + assistant turns + observation turns.
+    ``calls`` has one ``CallRecord`` per tool call the rollout made or refused, in order;
+    ``reward_details`` is the verifier's ``details`` (what it matched, per component).
     """
 
     prompt_ids: list[int]
@@ -179,6 +181,24 @@ class Trajectory:
     metrics: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     task: Task | None = None
+    calls: list[CallRecord] = field(default_factory=list)
+    reward_details: dict[str, Any] = field(default_factory=dict)
+
+
+class CallRecord(TypedDict):
+    """One tool call of a trajectory, for inspection (the workbench, ``trainer-client show``).
+
+    ``message`` is the index in ``Trajectory.messages`` of the tool message with its result
+    (past the end when the response-length budget cut the turn before the splice);
+    ``elapsed_ms`` and ``cached`` are the server's; ``error`` is the error kind, or None.
+    """
+
+    turn: int
+    message: int
+    name: str
+    elapsed_ms: float
+    cached: bool
+    error: str | None
 
 
 def announce_tools(schemas: Sequence[dict[str, Any]]) -> str:
@@ -436,6 +456,18 @@ class RolloutCore:
         refused = len(observations) - len(calls)
         s.metrics["refused_calls"] += refused
         s.metrics["tool_errors"] += refused
+        # The observations are spliced right after the assistant message, in this order.
+        records = [
+            CallRecord(
+                turn=s.assistant_turns,
+                message=len(s.messages) + i,
+                name=c.name,
+                elapsed_ms=0.0,
+                cached=False,
+                error=protocol.ErrorKind.UNKNOWN_TOOL.value,
+            )
+            for i, c in enumerate(parsed[:limit])
+        ]
         if calls:
             started = time.perf_counter()
             if not s.bound:
@@ -449,6 +481,11 @@ class RolloutCore:
                 if result.is_error:
                     s.metrics["tool_errors"] += 1
                 observations[i] = {"role": "tool", "name": call.name, "content": result_text(result)}
+                error = result.error.kind.value if result.error is not None else None
+                if result.is_error and error is None:
+                    error = protocol.ErrorKind.TOOL_ERROR.value
+                records[i].update(elapsed_ms=result.elapsed_ms, cached=result.cached, error=error)
+        s.calls += records
         dropped = parsed[limit:]
         if dropped:
             s.metrics["dropped_calls"] += len(dropped)
@@ -537,6 +574,7 @@ class RolloutCore:
             return
         s.reward_score = float(result.score)
         s.reward_components = dict(result.components)
+        s.reward_details = dict(result.details)
 
     async def _release(self, s: _State) -> None:
         try:
@@ -641,6 +679,8 @@ class _State:
         "final_answer",
         "reward_score",
         "reward_components",
+        "reward_details",
+        "calls",
         "error",
         "metrics",
     )
@@ -665,6 +705,8 @@ class _State:
         self.final_answer: str | None = None
         self.reward_score: float | None = None
         self.reward_components: dict[str, float] = {}
+        self.reward_details: dict[str, Any] = {}
+        self.calls: list[CallRecord] = []
         self.error: str | None = None
         self.metrics: dict[str, Any] = {
             "generate_s": 0.0,
@@ -708,4 +750,6 @@ class _State:
             metrics=self.metrics,
             error=self.error,
             task=self.task,
+            calls=self.calls,
+            reward_details=self.reward_details,
         )

@@ -187,6 +187,16 @@ def check_trajectory(
     assert sum(len(b) for b in mine) == tr.metrics["calls"]
     # The session is released exactly once.
     assert invoker.released.count(tr.session_id) == 1
+    # One call record per call run or refused, each pointing at the tool message with its result.
+    assert len(tr.calls) == tr.metrics["calls"] + tr.metrics["refused_calls"]
+    for record in tr.calls:
+        if record["message"] < len(tr.messages):  # else the length budget cut that turn
+            message = tr.messages[record["message"]]
+            assert (message["role"], message["name"]) == ("tool", record["name"]), (record, message)
+            assert message["content"].startswith("Error") == (record["error"] is not None), (record, message)
+        turn_start = assistant_idx[record["turn"] - 1]  # turns count from 1
+        turn_end = assistant_idx[record["turn"]] if record["turn"] < len(assistant_idx) else None
+        assert turn_start < record["message"] and (turn_end is None or record["message"] < turn_end)
 
     # The stop reason agrees with how the trajectory ended.
     last_ids = segments[-1][1]

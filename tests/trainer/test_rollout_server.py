@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.server import running_server
+from tests.support.server import running_server, server_config
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.client import ToolClient
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
@@ -41,7 +41,7 @@ def _tool_texts(trajectory: Trajectory) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    with running_server() as server:
+    with running_server(server_config(verifiers=[{"target": "tools.verifiers.match:exact_match"}])) as server:
         yield server.url
 
 
@@ -73,3 +73,33 @@ def test_an_unserialisable_call_does_not_fail_its_neighbours_post(
     assert [bad.stop_reason, good.stop_reason] == [StopReason.ANSWER, StopReason.ANSWER]
     assert _tool_texts(good) == ["5"]
     assert _tool_texts(bad) == [f"Error: calculator: argument expression cannot be sent as JSON: {reason}"]
+
+
+def test_trajectory_records_each_call_and_the_verifiers_details(smol_tokenizer: Any, server_url: str) -> None:
+    """What the workbench shows per call (server latency, cache, error kind) and the
+    verifier's details travel from the real server into the trajectory."""
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>'
+    # Expressions no other test of this module sends: a result-cache hit reports 0 ms.
+    turns = [call % "17+25" + call % "1/0", "<answer>42</answer>"]
+    generator = ScriptedGenerator(
+        [ScriptedTurn(_encode(smol_tokenizer, t) + [EOS]) for t in turns], eos_token_ids=[EOS]
+    )
+
+    async def roll_out() -> Trajectory:
+        async with ToolClient(server_url) as client:
+            config = RolloutConfig(max_turns=2, verifier="exact_match")
+            core = RolloutCore(smol_tokenizer, generator, client, config, verifier=client)
+            return await core.run(Task([{"role": "user", "content": "17+25?"}], ground_truth="42"))
+
+    tr = asyncio.run(roll_out())
+    assert tr.stop_reason == StopReason.ANSWER and tr.reward_score == 1.0
+    ok, failed = tr.calls
+    assert (ok["turn"], ok["name"], ok["error"], failed["error"]) == (
+        1,
+        "calculator",
+        None,
+        "invalid_arguments",
+    )
+    assert ok["elapsed_ms"] > 0 and not ok["cached"]
+    assert tr.messages[ok["message"]]["content"] == "42"
+    assert tr.reward_details["answer"] == "42"
