@@ -305,6 +305,28 @@ def test_parse_errors_lower_format(pack: Pack) -> None:
     assert messy.details["parse_errors"] == 3 and messy.score < clean.score
 
 
+def test_a_bare_guess_earns_nothing_for_calls_it_never_tried(pack: Pack) -> None:
+    """A trajectory that answers without the calls its task needs gets 0 for format and
+    schema (nothing of its calls was right), so the default train reward pays a lucky
+    guess less than the calls the task asks for; a task without gold calls still scores
+    1.0 on them when no call is made."""
+    task = pack.task("parallel")  # two reads, then the answer 52.5
+    guess = score(pack, task, run(pack, task, []), trajectory(pack.new_world(task), "52.5"))
+    assert (guess.components["format"], guess.components["schema"], guess.components["precision"]) == (
+        0,
+        0,
+        0,
+    )
+    assert guess.components["answer"] == 1.0
+    world = run(pack, task, gold_calls(task))
+    wrong_answer = score(pack, task, world, trajectory(world, "50", turns=[2]))
+    assert guess.score == pytest.approx(0.5) and guess.score < wrong_answer.score
+    chat = _task("chat", [], gold={"answer": "hello"})
+    chat_pack = Pack(PackInfo("chat-test"), TOOLS, STATE, [chat])
+    polite = score(chat_pack, chat, run(chat_pack, chat, []), trajectory(chat_pack.new_world(chat), "hello"))
+    assert (polite.components["format"], polite.components["schema"], polite.score) == (1.0, 1.0, 1.0)
+
+
 def test_schema_invalid_calls_are_detected(pack: Pack) -> None:
     task = pack.task("single")  # exposes get_product, get_user, place_order
     world = run(

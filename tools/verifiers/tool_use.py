@@ -9,11 +9,13 @@ Components (floats in [0, 1] unless marked as a count):
 
 - ``format``: share of the model's tool-call attempts that parsed. A tool message
   marked ``"error": "parse"`` is one unparseable attempt; every call that reached the
-  server (ran, or was refused by it) is a parsed one. 1.0 with no attempts.
+  server (ran, or was refused by it) is a parsed one. With no attempts: 1.0 when the task
+  has no gold calls, else 0.0 (as ``precision``): a trajectory that never tries a call the
+  task needs earns no credit for the calls it did not get wrong.
 - ``schema``: share of the calls made that were valid: the tool exists, the task exposes
   it (``task.tools``), and the arguments satisfy its ``input_schema``. Calls the server
   refused before they reached the world (a tool message with a ``name`` and no entry in
-  ``world.calls``) count as invalid. 1.0 with no calls.
+  ``world.calls``) count as invalid. With no calls: as ``format``.
 - ``matched``: share of gold calls matched by a call with agreeing arguments
   (``tool_use_values``: BFCL-style normalisation) that succeeded — or failed, for a gold
   call that fails in the gold replay too (τ² has lookups that are expected to fail) —
@@ -505,7 +507,10 @@ def score(
 
     n_made = len(calls) + refused
     attempts = n_made + turns.parse_errors
-    format_score = (n_made / attempts) if attempts else 1.0
+    golds = task_view.golds
+    gold_count = len(golds)
+    no_calls = 1.0 if gold_count == 0 else 0.0  # the score of a trajectory that made no call
+    format_score = (n_made / attempts) if attempts else no_calls
     _gold_world(pack, task_view)  # the replay also says which gold calls are expected to fail
     facts = [_call_facts(view, task_view, call) for call in calls]
     schema_problems = [
@@ -513,11 +518,9 @@ def score(
         for i, (problem, _) in enumerate(facts)
         if problem is not None
     ]
-    schema_score = (len(calls) - len(schema_problems)) / n_made if n_made else 1.0
+    schema_score = (len(calls) - len(schema_problems)) / n_made if n_made else no_calls
 
     matching = match_calls(_candidates(task_view, calls, facts), task_view.deps)
-    golds = task_view.golds
-    gold_count = len(golds)
     matches: dict[str, int] = {}
     unmatched: list[dict[str, Any]] = []
     not_solved: list[dict[str, Any]] = []
@@ -539,12 +542,12 @@ def score(
     failed = [i for i, c in enumerate(calls) if c.error is not None and i not in used]
     extra = n_made - matched
 
-    precision = solved / n_made if n_made else (1.0 if gold_count == 0 else 0.0)
+    precision = solved / n_made if n_made else no_calls
     completeness = solved / gold_count if gold_count else 1.0
     f1 = 2 * solved / (n_made + gold_count) if n_made + gold_count else 1.0
     f1_step, steps = _f1_step(turns.step_of_call, turns.refused, solved_calls)
     if f1_step is None:
-        f1_step = 1.0 if gold_count == 0 else 0.0
+        f1_step = no_calls
 
     state, state_fraction, state_details = _state_components(pack, task_view, world)
 
