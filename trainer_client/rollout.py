@@ -23,8 +23,15 @@ is spliced like an observation (mask 0). A static turn may make more tools avail
 tools available from the start, so the turn's message announces the new ones, and a call
 to a tool still held back is refused here, before it reaches the server.
 
-The output ``Trajectory`` carries what veRL's ``AgentLoopOutput`` needs. The session is
-released at the end of every trajectory, also when generation or a tool fails.
+Images: given a VLM's processor, a result's image blocks stay in the tool message and are
+spliced as image tokens (``vision.VisionChatRenderer``), and every later ``generate`` gets
+the images so far as ``image_data`` (veRL's keyword); without one, each image becomes a line
+of text saying it was not shown. ``max_obs_tokens`` counts image tokens: an image that does
+not fit is replaced by such a line (see ``RolloutCore._render``).
+
+The output ``Trajectory`` carries what veRL's ``AgentLoopOutput`` needs (``images`` for its
+``multi_modal_data``). The session is released at the end of every trajectory, also when
+generation or a tool fails.
 """
 
 from __future__ import annotations
@@ -43,8 +50,9 @@ import orjson
 import protocol
 from trainer_client.backends.base import STOP_ABORTED, STOP_LENGTH, Generator
 from trainer_client.parsers import ParsedCall, ParseOutcome, ToolCallParser, check_call, get_parser
-from trainer_client.templates import ObservationRenderer, make_renderer
+from trainer_client.templates import ObservationRenderer, Splice, make_renderer
 from trainer_client.user_sim import simulator_messages, user_reply
+from trainer_client.vision import for_verifier, image_blocks, not_shown, observation_content
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +107,9 @@ class RolloutConfig:
     model tool, or any tool taking ``messages`` and answering text); ``max_user_turns``
     bounds the simulated user's messages per trajectory. Tasks without a user scenario
     never call it.
+
+    ``mm_processor_kwargs`` go to every call of a VLM's processor (``min_pixels``,
+    ``max_pixels``, ...): set them as veRL's ``data.mm_processor_kwargs``.
     """
 
     format: str = "hermes"
@@ -116,6 +127,7 @@ class RolloutConfig:
     truncation_marker: str = TRUNCATION_MARKER
     user_tool: str = "llm"
     max_user_turns: int = 10
+    mm_processor_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.user_tool, str) or not self.user_tool:
@@ -165,6 +177,8 @@ class Trajectory:
     ``num_turns`` counts as veRL does: 1 (the prompt) + assistant turns + observation turns.
     ``calls`` has one ``CallRecord`` per tool call the rollout made or refused, in order;
     ``reward_details`` is the verifier's ``details`` (what it matched, per component).
+    ``images`` are the images the model saw (Pillow images, in the order of their image
+    tokens in ``prompt_ids + response_ids``): veRL's ``multi_modal_data["images"]``.
     """
 
     prompt_ids: list[int]
@@ -183,6 +197,7 @@ class Trajectory:
     task: Task | None = None
     calls: list[CallRecord] = field(default_factory=list)
     reward_details: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
 
 
 class CallRecord(TypedDict):
@@ -224,7 +239,8 @@ class RolloutCore:
 
     Build one per (tokenizer, config); it is safe to share between concurrent
     trajectories and cheap to call ``run`` on. The renderer and parser default to the
-    ones named in ``config``.
+    ones named in ``config``; ``processor`` (a VLM's) makes the default renderer show
+    tool results' images as image tokens.
     """
 
     def __init__(
@@ -237,6 +253,7 @@ class RolloutCore:
         verifier: Verifier | None = None,
         renderer: ObservationRenderer | None = None,
         parser: ToolCallParser | None = None,
+        processor: Any = None,
     ) -> None:
         self.config = config or RolloutConfig()
         self.tokenizer = tokenizer
@@ -246,8 +263,13 @@ class RolloutCore:
         self.parser = parser or get_parser(self.config.format, **self.config.parser_options)
         self._parse = _parse_function(self.parser)
         self.renderer = renderer or make_renderer(
-            tokenizer, self.config.tool_result_template, chat_template_kwargs=self.config.chat_template_kwargs
+            tokenizer,
+            self.config.tool_result_template,
+            chat_template_kwargs=self.config.chat_template_kwargs,
+            processor=processor,
+            mm_processor_kwargs=self.config.mm_processor_kwargs,
         )
+        self.vision = bool(getattr(self.renderer, "vision", False))
         self.codec = getattr(self.renderer, "codec", None) or _Codec(tokenizer)
         self.eos_token_ids = frozenset(self.renderer.eos_token_ids)
 
@@ -316,7 +338,10 @@ class RolloutCore:
 
             started = time.perf_counter()
             output = await self.generator.generate(
-                s.session_id, prompt_ids=s.prompt_ids + s.response_ids, sampling_params=params
+                s.session_id,
+                prompt_ids=s.prompt_ids + s.response_ids,
+                sampling_params=params,
+                **self._media(s),
             )
             s.metrics["generate_s"] += time.perf_counter() - started
             if output.stop_reason == STOP_ABORTED:
@@ -371,13 +396,27 @@ class RolloutCore:
             cpu_start = time.perf_counter()
             splice = self._render(observations, turn_ids, s.task.tools, s)
             s.metrics["client_s"] += time.perf_counter() - cpu_start
-            if len(s.response_ids) + len(splice) >= cfg.response_length:
+            if len(s.response_ids) + len(splice.ids) >= cfg.response_length:
                 s.stop_reason = StopReason.LENGTH
                 return
-            s.append(splice, 0, None)
+            s.append(splice.ids, 0, None)
+            if splice.images:
+                s.images += splice.images
+                s.metrics["images"] = s.metrics.get("images", 0) + len(splice.images)
+                s.metrics["image_tokens"] = s.metrics.get("image_tokens", 0) + sum(splice.image_tokens)
             s.messages.extend(observations)
             s.observation_turns += 1
         s.stop_reason = StopReason.MAX_TURNS  # unreachable: the last turn returns above
+
+    def _media(self, s: _State) -> dict[str, Any]:
+        """The keyword arguments that give the engine the trajectory's images (veRL's
+        ``image_data``); none for text, so text-only generators see no change."""
+        if not s.images:
+            return {}
+        media: dict[str, Any] = {"image_data": list(s.images)}
+        if self.config.mm_processor_kwargs:
+            media["mm_processor_kwargs"] = dict(self.config.mm_processor_kwargs)
+        return media
 
     def _user_may_speak(self, s: _State) -> bool:
         if s.next_user_turn < len(s.task.user_turns):
@@ -480,7 +519,8 @@ class RolloutCore:
             for (i, call), result in zip(calls, results, strict=True):
                 if result.is_error:
                     s.metrics["tool_errors"] += 1
-                observations[i] = {"role": "tool", "name": call.name, "content": result_text(result)}
+                content = observation_content(result, result_text(result), vision=self.vision)
+                observations[i] = {"role": "tool", "name": call.name, "content": content}
                 error = result.error.kind.value if result.error is not None else None
                 if result.is_error and error is None:
                     error = protocol.ErrorKind.TOOL_ERROR.value
@@ -518,25 +558,55 @@ class RolloutCore:
 
     def _render(
         self, observations: list[dict[str, Any]], turn_ids: list[int], tools: Any, s: _State
-    ) -> list[int]:
-        """The splice for ``observations``, their content cut to about ``max_obs_tokens``."""
+    ) -> Splice:
+        """The splice for ``observations``, their content cut to about ``max_obs_tokens``.
+
+        Image tokens count. An image is whole or not shown: images are kept in order while
+        their tokens fit the budget, each one that does not is replaced by a line saying so
+        (``vision.not_shown``), and the text shares what is left as before."""
         budget = self.config.max_obs_tokens
         splice = self.renderer.splice(observations, turn_ids, tools)
         if len(splice.observation_ids) <= budget:
-            return splice.ids
+            return splice
         empty = [dict(o, content="") for o in observations]  # memoized by the renderer after the first turn
         overhead = len(self.renderer.splice(empty, turn_ids, tools).observation_ids)
         if len(splice.observation_ids) - overhead <= budget:
-            return splice.ids
+            return splice
         # Over budget: short results stay whole, long ones share the rest and end with a marker.
         s.metrics["truncated_observations"] += 1
-        content_ids = [self.codec.encode(str(o.get("content") or "")) for o in observations]
-        limits = _share(budget, [len(ids) for ids in content_ids])
-        observations[:] = [
-            o if limit is None else dict(o, content=self._cut(ids, limit))
-            for o, ids, limit in zip(observations, content_ids, limits, strict=True)
-        ]
-        return self.renderer.splice(observations, turn_ids, tools).ids
+        blocks = [b for o in observations for b in image_blocks(o.get("content"))]
+        notes = self._fit_images(splice, blocks, budget) if splice.images else {}
+        if notes:
+            s.metrics["images_not_shown"] = s.metrics.get("images_not_shown", 0) + len(notes)
+        kept = sum(
+            c + self.renderer.placeholder_extra for i, c in enumerate(splice.image_tokens) if i not in notes
+        )
+        text_budget = max(0, budget - kept - sum(len(self.codec.encode(n)) for n in notes.values()))
+        content_ids = [self.codec.encode(_content_text(o.get("content"))) for o in observations]
+        limits = _share(text_budget, [len(ids) for ids in content_ids])
+        first_image = 0
+        for k, (o, ids, limit) in enumerate(zip(observations, content_ids, limits, strict=True)):
+            cut = None if limit is None else self._cut(ids, limit)
+            count = len(image_blocks(o.get("content")))
+            mine = {i - first_image: n for i, n in notes.items() if first_image <= i < first_image + count}
+            observations[k] = _with_content(o, cut, mine)
+            first_image += count
+        return self.renderer.splice(observations, turn_ids, tools)
+
+    def _fit_images(self, splice: Splice, blocks: list[dict[str, Any]], budget: int) -> dict[int, str]:
+        """The images of ``splice`` that do not fit ``budget`` (kept in order while they do),
+        each with the text that takes its place."""
+        extra = self.renderer.placeholder_extra
+        notes: dict[int, str] = {}
+        used = 0
+        for i, tokens in enumerate(splice.image_tokens):
+            if used + tokens + extra <= budget:
+                used += tokens + extra
+            else:
+                notes[i] = not_shown(
+                    blocks[i], f"its {tokens + extra} tokens do not fit max_obs_tokens={budget}"
+                )
+        return notes
 
     def _cut(self, ids: list[int], max_tokens: int) -> str:
         marker = self.config.truncation_marker.format(n=len(ids) - max_tokens)
@@ -554,7 +624,7 @@ class RolloutCore:
             verifier=name,
             ground_truth=s.task.ground_truth,
             response=last,
-            messages=s.messages,
+            messages=for_verifier(s.messages),
             session=s.session_id,
             arguments=dict(self.config.verifier_arguments),
             request_id=s.session_id,
@@ -625,6 +695,36 @@ def _checked(outcome: ParseOutcome) -> ParseOutcome:
     return checked
 
 
+def _content_text(content: Any) -> str:
+    """The text of a message's content: a string, or its text blocks joined."""
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text") or "") for b in content if b.get("type") == "text")
+    return str(content or "")
+
+
+def _with_content(message: dict[str, Any], cut: str | None, notes: dict[int, str]) -> dict[str, Any]:
+    """``message`` with its text replaced by ``cut`` (None keeps it) and its images numbered
+    in ``notes`` replaced by those texts. Cut text takes the first text block's place."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message if cut is None else dict(message, content=cut)
+    blocks: list[dict[str, Any]] = []
+    image = 0
+    placed = False
+    for block in content:
+        if block.get("type") == "image":
+            note = notes.get(image)
+            image += 1
+            blocks.append(block if note is None else {"type": "text", "text": note})
+        elif block.get("type") == "text" and cut is not None:
+            if not placed:
+                blocks.append({"type": "text", "text": cut})
+                placed = True
+        else:
+            blocks.append(block)
+    return dict(message, content=blocks)
+
+
 def _share(available: int, lengths: list[int]) -> list[int | None]:
     """Token limits per observation: None keeps it whole; an int cuts it there.
 
@@ -681,6 +781,7 @@ class _State:
         "reward_components",
         "reward_details",
         "calls",
+        "images",
         "error",
         "metrics",
     )
@@ -707,6 +808,7 @@ class _State:
         self.reward_components: dict[str, float] = {}
         self.reward_details: dict[str, Any] = {}
         self.calls: list[CallRecord] = []
+        self.images: list[Any] = []  # decoded, in the order of their image tokens
         self.error: str | None = None
         self.metrics: dict[str, Any] = {
             "generate_s": 0.0,
@@ -752,4 +854,5 @@ class _State:
             task=self.task,
             calls=self.calls,
             reward_details=self.reward_details,
+            images=self.images,
         )

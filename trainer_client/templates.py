@@ -25,7 +25,7 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import orjson
@@ -49,11 +49,15 @@ class Splice:
 
     ``boundary_ids`` close the assistant turn (template tokens the model did not
     generate); ``observation_ids`` are the rendered observations, up to and including the
-    next generation prompt.
+    next generation prompt. ``images`` are the observations' images as the processor took
+    them (decoded), in placeholder order, and ``image_tokens`` the pad tokens each became
+    (``vision.VisionChatRenderer``; empty for text).
     """
 
     boundary_ids: list[int]
     observation_ids: list[int]
+    images: list[Any] = field(default_factory=list)
+    image_tokens: list[int] = field(default_factory=list)
 
     @property
     def ids(self) -> list[int]:
@@ -359,11 +363,27 @@ def make_renderer(
     tool_result_template: str | None = None,
     *,
     chat_template_kwargs: dict[str, Any] | None = None,
+    processor: Any = None,
+    mm_processor_kwargs: dict[str, Any] | None = None,
 ) -> ChatTemplateRenderer | TextTemplateRenderer:
     """A chat-template renderer, or a text one when a template such as
-    ``SEARCH_R1_TEMPLATE`` (or the name ``"search_r1"``) is given."""
+    ``SEARCH_R1_TEMPLATE`` (or the name ``"search_r1"``) is given. With a VLM's
+    ``processor``, a ``vision.VisionChatRenderer`` (tool results' images as image tokens)."""
     if tool_result_template is None or tool_result_template == "chat":
+        if processor is not None:
+            from trainer_client.vision import VisionChatRenderer
+
+            return VisionChatRenderer(
+                tokenizer,
+                processor,
+                chat_template_kwargs=chat_template_kwargs,
+                mm_processor_kwargs=mm_processor_kwargs,
+            )
         return ChatTemplateRenderer(tokenizer, chat_template_kwargs=chat_template_kwargs)
+    if processor is not None:
+        raise ValueError(
+            "a processor (images) needs the chat-template renderer, not a text tool_result_template"
+        )
     if tool_result_template == "search_r1":
         tool_result_template = SEARCH_R1_TEMPLATE
     return TextTemplateRenderer(tokenizer, tool_result_template, chat_template_kwargs=chat_template_kwargs)
