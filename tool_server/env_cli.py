@@ -284,16 +284,21 @@ def _export(pack: Pack, out: Path, tools_module: str | None) -> int:
 
 
 def _tools_module(pack: Pack) -> str:
-    """The module defining the pack's tools, if it exports them as TOOLS (what load_pack imports)."""
+    """The one module, among those defining the pack's tools, that exports all of them as
+    TOOLS (what load_pack imports): e.g. a typed procedural world's module, which re-exports
+    the plain world's tools beside its own."""
     import importlib
 
     modules = {getattr(t.func, "__module__", None) for t in pack.tools}
-    if len(modules) == 1:
-        (name,) = modules
-        if name:
-            exported = getattr(importlib.import_module(name), "TOOLS", None) or []
-            if {t.name for t in pack.tools} <= {getattr(t, "name", None) for t in exported}:
-                return name
+    needed = {t.name for t in pack.tools}
+    covering = [
+        name
+        for name in sorted(m for m in modules if m)
+        if needed
+        <= {getattr(t, "name", None) for t in getattr(importlib.import_module(name), "TOOLS", None) or []}
+    ]
+    if len(covering) == 1:
+        return covering[0]
     raise ConfigError(
         f"cannot tell which module exports the tools of {pack.id!r} as TOOLS (their functions come from "
         f"{sorted(m or '?' for m in modules)}); pass --tools-module"

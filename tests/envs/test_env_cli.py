@@ -102,6 +102,18 @@ def test_export_writes_a_directory_that_loads_and_validates(tmp_path: Path) -> N
     assert cli("validate", str(out), "--quiet").returncode == 0
 
 
+def test_export_finds_the_module_of_a_typed_procedural_world(tmp_path: Path) -> None:
+    """The typed world's tools come from two modules; the typed one exports them all."""
+    source = "tools.envs.procedural:pack"
+    args = ("--arg", "world=bank", "--arg", "tasks=12", "--arg", "parameter_type_generalisation=1.0")
+    exported = cli("export", source, "--out", str(tmp_path / "bank"), *args)
+    assert exported.returncode == 0, exported.stderr
+    assert "tools: tools.envs.procedural.typed.bank" in exported.stdout
+    loaded = load_pack(tmp_path / "bank")
+    assert {"get_balances", "find_transactions"} <= {t.name for t in loaded.tools}
+    assert cli("validate", str(tmp_path / "bank"), "--quiet").returncode == 0
+
+
 def test_bad_input_gets_a_configuration_error(config: Path) -> None:
     unknown = cli("show", "nope", "--config", str(config))
     assert unknown.returncode == 2
