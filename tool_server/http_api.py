@@ -6,8 +6,8 @@ JSON error ``{"error": {"kind", "message"}}`` that says what to fix.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 from starlette.requests import Request
@@ -16,9 +16,12 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from protocol import (
+    ErrorInfo,
     ErrorKind,
     ProtocolError,
+    Result,
     ToolError,
+    VerifyResult,
     decode_calls,
     decode_verify_requests,
     encode,
@@ -29,6 +32,10 @@ from tool_server.auth import ANONYMOUS_TENANT
 from tool_server.executor import Caller, Executor, Overloaded
 from tool_server.openapi import openapi_spec
 from tool_server.registry import Registry
+from tool_server.sessions import INSTANCE_HEADER
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -76,6 +83,14 @@ def caller_of(scope: Scope, registry: Registry) -> Caller:
     return Caller(state.get("tenant", ANONYMOUS_TENANT), allowed)
 
 
+def request_header(scope: Scope, name: bytes) -> str | None:
+    """One request header (``name`` in lower case), or None."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 _SESSION_STATUS = {ErrorKind.OVERLOADED: 429, ErrorKind.BAD_REQUEST: 409}
 
 
@@ -90,6 +105,8 @@ class HttpApi:
         self.max_batch = executor.config.limits.max_calls_per_batch
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
+        # Every answer names this process, so a client sees a restart at the same address.
+        self.instance = {INSTANCE_HEADER: executor.sessions.instance}
 
     def caller(self, scope: Scope) -> Caller:
         return caller_of(scope, self.registry)
@@ -120,12 +137,39 @@ class HttpApi:
             )
         self.executor.metrics.batches.labels("calls").inc()
         self.executor.metrics.batch_size.observe(len(calls))
+        caller = self.caller(scope)
         try:
-            results = await self.executor.run_batch(calls, self.caller(scope))
+            results = await self._fenced(
+                scope,
+                calls,
+                [c.session for c in calls],
+                lambda kept: self.executor.run_batch(kept, caller),
+                lambda call, why: Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, why),
+            )
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
-        return json_response({"results": results})
+        return json_response({"results": results}, headers=self.instance)
+
+    async def _fenced(
+        self,
+        scope: Scope,
+        items: Sequence[T],
+        sessions: Sequence[str | None],
+        run: Callable[[list[T]], Awaitable[list[R]]],
+        refuse: Callable[[T, str], R],
+    ) -> list[R]:
+        """Run the items, less those whose session the client expects on another process
+        (``SessionStore.fence``): those are answered ``unknown_session`` in their place."""
+        expected = request_header(scope, INSTANCE_HEADER.encode())
+        store = self.executor.sessions
+        if expected is None or expected == store.instance:  # the usual case: nothing to refuse
+            return await run(list(items))
+        refused = {
+            i: why for i, s in enumerate(sessions) if s is not None and (why := store.fence(expected, s))
+        }
+        ran = iter(await run([x for i, x in enumerate(items) if i not in refused]))
+        return [refuse(x, refused[i]) if i in refused else next(ran) for i, x in enumerate(items)]
 
     async def verify(self, request: Request) -> Response:
         try:
@@ -139,12 +183,24 @@ class HttpApi:
                 f"{len(requests)} requests in one batch; the limit is {self.max_batch}",
             )
         self.executor.metrics.batches.labels("verify").inc()
+        caller = self.caller(request.scope)
         try:
-            results = await self.executor.verify_batch(requests, self.caller(request.scope))
+            results = await self._fenced(
+                request.scope,
+                requests,
+                [r.session for r in requests],
+                lambda kept: self.executor.verify_batch(kept, caller),
+                lambda r, why: VerifyResult(
+                    0.0,
+                    request_id=r.request_id,
+                    is_error=True,
+                    error=ErrorInfo(ErrorKind.UNKNOWN_SESSION, why),
+                ),
+            )
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
-        return json_response({"results": results})
+        return json_response({"results": results}, headers=self.instance)
 
     async def tools(self, request: Request) -> Response:
         toolset = request.query_params.get("toolset") or self.default_toolset
@@ -205,7 +261,7 @@ class HttpApi:
         answer: dict[str, Any] = {"session": state.id, "ttl_s": sessions.ttl_s}
         if environment is not None:
             answer["environment"] = {"pack": pack, "task": task}
-        return json_response(answer, 201)
+        return json_response(answer, 201, self.instance)
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -218,10 +274,10 @@ class HttpApi:
                 ErrorKind.UNKNOWN_SESSION,
                 f"no open session {session_id[:MAX_ID_LENGTH]!r} (expired, released, or not yours)",
             )
-        return json_response({"released": session_id})
+        return json_response({"released": session_id}, headers=self.instance)
 
     async def healthz(self, request: Request) -> Response:
-        return json_response({"status": "ok"})
+        return json_response({"status": "ok"}, headers=self.instance)
 
     async def readyz(self, request: Request) -> Response:
         checks = {}
@@ -239,6 +295,7 @@ class HttpApi:
                 "checks": checks,
             },
             status,
+            self.instance,
         )
 
     async def metrics(self, request: Request) -> Response:

@@ -35,6 +35,8 @@ MAX_RESULTS_BETWEEN_COLLECTS = 20_000
 SESSION_META_KEY = f"{META_KEY}/session"  # _meta key carrying the trajectory session id
 CALL_ID_META_KEY = f"{META_KEY}/call_id"  # optional client-chosen idempotency key
 ENV_META_KEY = f"{META_KEY}/environment"  # {"pack", "task"}: the environment task the session plays
+# The process the client expects its session on (a session call's result names this one).
+INSTANCE_META_KEY = f"{META_KEY}/instance"
 
 
 def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:
@@ -57,7 +59,7 @@ def transport_security(config: Config, bind_host: str) -> TransportSecuritySetti
     )
 
 
-def _to_call_tool_result(result: Result) -> types.CallToolResult:
+def _to_call_tool_result(result: Result, instance: str | None = None) -> types.CallToolResult:
     structured = result.structured
     if structured is not None and not isinstance(structured, dict):
         structured = {"result": structured}
@@ -68,6 +70,8 @@ def _to_call_tool_result(result: Result) -> types.CallToolResult:
     }
     if result.error is not None:
         meta["error_kind"] = result.error.kind.value
+    if instance is not None:
+        meta["instance"] = instance
     return types.CallToolResult(
         content=[_content_block(block) for block in result.content]
         or [types.TextContent(type="text", text="")],
@@ -291,7 +295,12 @@ class McpEndpoint:
         meta = params.meta or {}
         call_id = meta.get(CALL_ID_META_KEY)
         session = meta.get(SESSION_META_KEY)
-        for key, value in ((CALL_ID_META_KEY, call_id), (SESSION_META_KEY, session)):
+        expected = meta.get(INSTANCE_META_KEY)
+        for key, value in (
+            (CALL_ID_META_KEY, call_id),
+            (SESSION_META_KEY, session),
+            (INSTANCE_META_KEY, expected),
+        ):
             if value is not None and not _is_id(value):
                 message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
                 return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
@@ -300,11 +309,13 @@ class McpEndpoint:
             result = Result.failure(
                 call.call_id, ErrorKind.UNKNOWN_TOOL, unknown_tool_message(params.name, visible)
             )
+        elif session is not None and (lost := self.executor.sessions.fence(expected, session)):
+            result = Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, lost)
         elif ENV_META_KEY in meta and (refused := self._bind(caller, session, meta[ENV_META_KEY])):
             result = Result.failure(call.call_id, *refused)
         else:
             result = await self.executor.run_one(call, caller)
-        return _to_call_tool_result(result)
+        return _to_call_tool_result(result, self.executor.sessions.instance if session else None)
 
     def _bind(self, caller: Caller, session: str | None, environment: Any) -> tuple[ErrorKind, str] | None:
         """Bind the call's session to ``_meta[ENV_META_KEY]`` (an environment task); why not, if refused.

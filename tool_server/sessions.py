@@ -8,6 +8,10 @@ The guarantees, in the order a caller meets them:
 * a released or expired id stays dead: a late call with it gets ``unknown_session``
   instead of silently starting a fresh, empty world (ids are remembered for
   ``closed_ttl_s``);
+* a session lives in this process only: a client that names the process its sessions were
+  opened on (``fence``: the ``X-Toolfactory-Instance`` header, ``_meta["toolfactory/instance"]``
+  on MCP) and reaches another one (the replica restarted at the same address) gets
+  ``unknown_session`` for every session this process does not hold, never an empty one;
 * at most ``max_sessions`` are open; beyond it, new ones are refused as ``overloaded``.
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 
 from protocol import ErrorKind, SessionState, ToolError, new_session_id
@@ -22,6 +27,7 @@ from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
 CLOSED_TTL_S = 24 * 3600.0  # how long a released id is remembered as released
+INSTANCE_HEADER = "x-toolfactory-instance"  # this process's instance id; on a request, the one expected
 
 
 class SessionStore:
@@ -33,6 +39,9 @@ class SessionStore:
         self._last_used: dict[str, float] = {}
         # Released ids -> owner: a late call must not resurrect them.
         self._closed: TTLStore[str, str] = TTLStore(4 * max_sessions, CLOSED_TTL_S)
+        # Drawn anew by every process: a restarted replica at the same address is told apart.
+        self.instance = secrets.token_hex(8)
+        self._started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -52,6 +61,25 @@ class SessionStore:
             f"no open session {session_id!r}: it was released or expired (its state is gone), "
             "or it belongs to another token; start the trajectory with a new session id",
             ErrorKind.UNKNOWN_SESSION,
+        )
+
+    def fence(self, expected: str | None, session_id: str) -> str | None:
+        """Why a call of ``session_id`` must be refused, when the client expects its sessions
+        on process ``expected``; None when it may go on.
+
+        A client names the process that answered its session before. If that is another
+        process, one this process holds (opened here since it started) goes on; any other
+        lived in a process that is gone, and creating it here would hand the trajectory an
+        empty state, so it is refused. (A brand-new session is refused too: the client
+        sends it again naming this process, and then it is created.)
+        """
+        if expected is None or expected == self.instance or session_id in self._sessions:
+            return None
+        return (
+            f"session {session_id!r} is not on this replica: the process it was opened on "
+            f"(instance {expected}) is gone, and this one (instance {self.instance}, started "
+            f"{self._started}) never held it, so its state is lost; it is not started again "
+            "empty. Start the trajectory again with a new session"
         )
 
     def create(self, tenant: str, session_id: str | None = None) -> SessionState:
