@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -93,7 +94,12 @@ def segments(
 def trajectory_record(
     trajectory: Any, row: TaskRow, sample: int, decode: Callable[[list[int]], str]
 ) -> dict[str, Any]:
-    """A ``rollout.Trajectory`` as one JSON-able dict (one line of the output JSONL)."""
+    """A ``rollout.Trajectory`` as one JSON-able dict (one line of the output JSONL).
+
+    Images are in ``messages`` (docs/images.md, "Images in trajectories"); in ``segments``
+    a run of one image's pad tokens is written once with its count."""
+    if getattr(trajectory, "images", None):
+        decode = _collapsing(decode)
     return {
         "id": trajectory.session_id,
         "index": row.index,
@@ -117,6 +123,18 @@ def trajectory_record(
         "response_mask": trajectory.response_mask,
         "response_logprobs": trajectory.response_logprobs,
     }
+
+
+_TOKEN_RUN = re.compile(r"(<\|?[A-Za-z_]+\|?>)\1+")
+
+
+def _collapsing(decode: Callable[[list[int]], str]) -> Callable[[list[int]], str]:
+    """``decode`` with runs of one special token (an image's pads) as ``<|image_pad|>×N``."""
+
+    def collapsed(ids: list[int]) -> str:
+        return _TOKEN_RUN.sub(lambda m: f"{m[1]}×{len(m[0]) // len(m[1])}", decode(ids))
+
+    return collapsed
 
 
 def read_records(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -17,6 +17,11 @@ the rollout core. So this loop only translates:
   comes from the tool server's ``/v1/verify`` inside the loop and is returned as
   ``reward_score``, so veRL skips its own reward function. Tool-call statistics go to
   ``metrics`` (timings) and ``extra_fields`` (counts, stop reason, reward components).
+- **images**: with a vision-language model veRL hands the loop its processor; the rollout
+  core then splices tool results' images as image tokens (``vision.VisionChatRenderer``,
+  with veRL's ``data.mm_processor_kwargs``), passes them to ``generate`` as ``image_data``,
+  and the output carries them as ``multi_modal_data={"images": [...]}``, which veRL's
+  post-processing turns into ``pixel_values``/``image_grid_thw`` for the trainer.
 
 Registration, two ways: the agent-loop YAML (``agent_loop_config_path``) names the
 class as ``_target_`` with its settings (no plug-in discovery needed); and importing
@@ -65,9 +70,13 @@ REWARD_EXTRA_KEYS = ("tool_calls", "tool_errors", "parse_errors", "verify_ok")
 
 
 def rollout_config_for(
-    settings: LoopSettings, sampling_params: Mapping[str, Any], response_length: int
+    settings: LoopSettings,
+    sampling_params: Mapping[str, Any],
+    response_length: int,
+    mm_processor_kwargs: Mapping[str, Any] | None = None,
 ) -> RolloutConfig:
-    """The rollout-core config of one trajectory: settings + veRL's sampling params."""
+    """The rollout-core config of one trajectory: settings + veRL's sampling params (and its
+    ``data.mm_processor_kwargs`` for a VLM's processor)."""
     params = dict(sampling_params)
     if settings.max_tokens_per_turn is not None:
         params["max_tokens"] = settings.max_tokens_per_turn
@@ -85,6 +94,7 @@ def rollout_config_for(
         verifier_arguments=dict(settings.verifier_arguments),
         user_tool=settings.user_tool,
         max_user_turns=settings.max_user_turns,
+        mm_processor_kwargs=dict(mm_processor_kwargs or {}),
     )
 
 
@@ -119,12 +129,14 @@ async def server_tool_schemas(
     return cached[1]
 
 
-def _core_for(tokenizer: Any, generator: Any, client: ToolClient, config: RolloutConfig) -> RolloutCore:
+def _core_for(
+    tokenizer: Any, generator: Any, client: ToolClient, config: RolloutConfig, processor: Any = None
+) -> RolloutCore:
     """Cached rollout cores: building one renders template probes, so reuse it per config."""
-    key = (id(tokenizer), id(generator), id(client), repr(asdict(config)))
+    key = (id(tokenizer), id(generator), id(client), id(processor), repr(asdict(config)))
     core = _CORES.get(key)
     if core is None:
-        core = RolloutCore(tokenizer, generator, client, config, verifier=client)
+        core = RolloutCore(tokenizer, generator, client, config, verifier=client, processor=processor)
         _CORES[key] = core
         while len(_CORES) > _MAX_CORES:
             _CORES.popitem(last=False)
@@ -175,9 +187,9 @@ class ToolFactoryAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         settings = self.settings.with_overrides(kwargs.get("extra_info"))
         response_length = min(settings.response_length or self.response_length, self.response_length)
-        config = rollout_config_for(settings, sampling_params, response_length)
+        config = rollout_config_for(settings, sampling_params, response_length, self._mm_processor_kwargs())
         client = shared_client(settings.server_urls, settings.client_options)
-        core = _core_for(self.tokenizer, self.server_manager, client, config)
+        core = _core_for(self.tokenizer, self.server_manager, client, config, self._vision_processor())
         task = await self._task(settings, client, kwargs)
         trajectory = await core.run(task)
         # Checked on the rendered prompt the core already made (rendering is not free), so
@@ -191,6 +203,14 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         if trajectory.error is not None:
             logger.warning("toolfactory trajectory ended with an error: %s", trajectory.error)
         return self.to_output(trajectory, settings, want_logprobs=bool(sampling_params.get("logprobs")))
+
+    def _vision_processor(self) -> Any:
+        """veRL's processor when it can process images (a VLM's), else None (text)."""
+        processor = getattr(self, "processor", None)
+        return processor if getattr(processor, "image_processor", None) is not None else None
+
+    def _mm_processor_kwargs(self) -> dict[str, Any]:
+        return dict(plain(getattr(self, "mm_processor_kwargs", None)) or {})
 
     async def _task(self, settings: LoopSettings, client: ToolClient, kwargs: dict[str, Any]) -> Task:
         """The row veRL hands over, read the way every dataset row is read (``dataset.TaskRow``):
@@ -245,6 +265,12 @@ class ToolFactoryAgentLoop(AgentLoopBase):
         }
         if reward is not None:
             extra_fields["reward_extra_info"] = {k: float(stats[k]) for k in REWARD_EXTRA_KEYS}
+        media: dict[str, Any] = {}
+        if t.images:  # veRL re-processes them into pixel_values / image_grid_thw for the trainer
+            media = {
+                "multi_modal_data": {"images": list(t.images)},
+                "mm_processor_kwargs": self._mm_processor_kwargs(),
+            }
         return AgentLoopOutput(
             prompt_ids=list(t.prompt_ids),
             response_ids=list(t.response_ids[:n]),
@@ -258,6 +284,7 @@ class ToolFactoryAgentLoop(AgentLoopBase):
                 compute_score=float(t.metrics.get("verify_s", 0.0)),
             ),
             extra_fields=extra_fields,
+            **media,
         )
 
 

@@ -50,7 +50,13 @@ class Generator(Protocol):
 
     ``request_id`` is stable for a trajectory (veRL uses it for sticky routing and prefix
     caching); ``prompt_ids`` is the whole context so far (prompt + response tokens).
-    Extra keyword arguments (``image_data``, ``video_data``, ...) may be ignored.
+
+    Images: once a trajectory holds images, the rollout core passes ``image_data`` (the
+    decoded Pillow images so far, in the order of their image tokens in ``prompt_ids``) and,
+    when set, ``mm_processor_kwargs``, as veRL's server manager takes them; a vision engine
+    computes pixel values from them. Text trajectories never pass them, so a text-only
+    backend needs nothing; one that cannot see must refuse ``image_data`` rather than
+    generate as if the images were not there. Other extra keywords may be ignored.
     """
 
     async def generate(

@@ -36,12 +36,14 @@ class ScriptedTurn:
 
 @dataclass(slots=True)
 class GenerateCall:
-    """One recorded ``generate`` call (copies of its inputs and the output)."""
+    """One recorded ``generate`` call (copies of its inputs and the output); ``image_data``
+    is the images the call was given (veRL's keyword), None for text."""
 
     request_id: str
     prompt_ids: list[int]
     sampling_params: dict[str, Any]
     output: TokenOutput
+    image_data: list[Any] | None = None
 
 
 def fake_logprob(token_id: int) -> float:
@@ -109,7 +111,16 @@ class ScriptedGenerator:
         if turn.delay_s:
             await asyncio.sleep(turn.delay_s)
         output = self._cut(turn, sampling_params)
-        self.calls.append(GenerateCall(request_id, list(prompt_ids), dict(sampling_params), output))
+        images = kwargs.get("image_data")
+        self.calls.append(
+            GenerateCall(
+                request_id,
+                list(prompt_ids),
+                dict(sampling_params),
+                output,
+                None if images is None else list(images),
+            )
+        )
         return output
 
     def _cut(self, turn: ScriptedTurn, params: dict[str, Any]) -> TokenOutput:
