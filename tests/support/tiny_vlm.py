@@ -16,6 +16,8 @@ import copy
 import io
 from typing import Any
 
+import protocol
+
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 PATCH = 14
 MERGE = 2
@@ -156,3 +158,31 @@ def png_block(width: int, height: int, seed: int = 0) -> dict[str, Any]:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return {"type": "image", "data": base64.b64encode(buffer.getvalue()).decode(), "mimeType": "image/png"}
+
+
+class ImageInvoker:
+    """Answers every call with text and the images ``images[name]`` (MCP blocks), and
+    records the verify requests it is asked to score."""
+
+    def __init__(self, images: dict[str, list[dict[str, Any]]]) -> None:
+        self.images = images
+        self.verified: list[protocol.VerifyRequest] = []
+
+    async def call_tools(self, calls: list[protocol.Call]) -> list[protocol.Result]:
+        return [
+            protocol.Result(
+                c.call_id,
+                content=[
+                    {"type": "text", "text": f"View {c.arguments.get('what', '')}."},
+                    *self.images[c.name],
+                ],
+            )
+            for c in calls
+        ]
+
+    async def release_session(self, session_id: str) -> None:
+        return None
+
+    async def verify(self, requests: list[protocol.VerifyRequest]) -> list[protocol.VerifyResult]:
+        self.verified += requests
+        return [protocol.VerifyResult(1.0, request_id=r.request_id) for r in requests]

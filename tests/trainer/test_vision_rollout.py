@@ -21,9 +21,8 @@ from typing import Any
 import orjson
 import pytest
 
-import protocol
 from tests.support.require import require
-from tests.support.tiny_vlm import png_block, tiny_model, tiny_processor
+from tests.support.tiny_vlm import ImageInvoker, png_block, tiny_model, tiny_processor
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.cli import trajectory_record
 from trainer_client.dataset import TaskRow
@@ -41,34 +40,6 @@ ZOOM = {
         "parameters": {"type": "object", "properties": {"what": {"type": "string"}}},
     },
 }
-
-
-class ImageInvoker:
-    """Answers every call with text and the images ``images[name]`` (MCP blocks), and
-    records the verify requests it is asked to score."""
-
-    def __init__(self, images: dict[str, list[dict[str, Any]]]) -> None:
-        self.images = images
-        self.verified: list[protocol.VerifyRequest] = []
-
-    async def call_tools(self, calls: list[protocol.Call]) -> list[protocol.Result]:
-        return [
-            protocol.Result(
-                c.call_id,
-                content=[
-                    {"type": "text", "text": f"View {c.arguments.get('what', '')}."},
-                    *self.images[c.name],
-                ],
-            )
-            for c in calls
-        ]
-
-    async def release_session(self, session_id: str) -> None:
-        return None
-
-    async def verify(self, requests: list[protocol.VerifyRequest]) -> list[protocol.VerifyResult]:
-        self.verified += requests
-        return [protocol.VerifyResult(1.0, request_id=r.request_id) for r in requests]
 
 
 @pytest.fixture(scope="module")
