@@ -57,6 +57,7 @@ def test_there_are_recipes_for_search_and_math() -> None:
         "search_r1/train_grpo_1gpu_small.sh",
         "math/train_grpo_1gpu.sh",
         "math/train_grpo_8gpu.sh",
+        "image_env/train_grpo_qwen2.5-vl-3b_8gpu.sh",
     } <= names
 
 
@@ -124,6 +125,41 @@ def test_recipe_server_config_loads_and_its_targets_import(recipe: str) -> None:
     verifiers = {spec.target.rsplit(":", 1)[1] for spec in config.verifiers}
     wanted = {settings.verifier} | set(settings.verifier_arguments.get("verifiers", {}))
     assert wanted <= verifiers | {"format"} and ("format" not in wanted or "format_check" in verifiers)
+
+
+def test_image_env_recipe_serves_the_pack_its_rows_name_and_fits_its_views() -> None:
+    """The VLM recipe: the server builds the pack the data was built from (same arguments),
+    the loop plays its toolset, and two views of Qwen2-VL's default image processor fit
+    max_obs_tokens (a view that did not fit would be replaced by a note), and vLLM's image
+    limit covers every view a trajectory can get."""
+    import re
+
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from tool_server.config import load_config
+    from tools.envs.image_env import VIEW_SIDE
+    from trainer_client.verl_config import load_agent_loop_yaml
+
+    recipe = EXAMPLES / "image_env"
+    (env,) = load_config(recipe / "server.yaml", environ={}).environments
+    module, _, name = str(env.source).partition(":")
+    pack = getattr(importlib.import_module(module), name)(**{**env.arguments, "tasks": 1})
+    settings = load_agent_loop_yaml(recipe / "agent_loop.yaml")["toolfactory"]
+    assert settings.toolset == pack.id and settings.verifier == "tool_use"
+    data_args = dict(re.findall(r"--env-arg (\w+)=(\w+)", (recipe / "prepare_data.sh").read_text()))
+    assert data_args == {k: str(v) for k, v in env.arguments.items()}
+    images = Qwen2VLImageProcessorPil()  # Qwen2.5-VL's processor settings are its defaults
+    grid = images(images=[Image.new("RGB", (VIEW_SIDE, VIEW_SIDE))])["image_grid_thw"][0]
+    view_tokens = int(grid.prod()) // images.merge_size**2 + 2  # pads + vision start/end
+    assert settings.max_calls_per_turn * (view_tokens + 40) <= settings.max_obs_tokens
+    (script,) = recipe.glob("train_grpo_*.sh")
+    overrides = dict(o.lstrip("+").split("=", 1) for o in dry_run(script))
+    assert (
+        int(overrides["actor_rollout_ref.rollout.limit_images"])
+        >= settings.max_turns * settings.max_calls_per_turn
+    )
+    assert "VL" in overrides["actor_rollout_ref.model.path"]
 
 
 def test_scripts_are_valid_bash() -> None:
