@@ -6,7 +6,7 @@ cost more client and server CPU than most tools do, so calls that arrive within
 ``batch_window_ms`` of each other (from any trajectory) go out together in one
 ``POST /v1/calls``; each caller still awaits only its own result. Calls that carry
 a session stick to one replica (the session's state lives there; when that replica
-goes away the session's calls end ``unknown_session``, see ``client_routing``); stateless
+goes away or restarts, the session's calls end ``unknown_session``, see ``client_routing``); stateless
 calls go to the least-loaded healthy replica. ``dns://NAME:PORT`` finds the replicas in
 DNS (``discovery``).
 
@@ -83,7 +83,7 @@ from trainer_client.client_records import (
     is_overloaded,
     retry_after,
 )
-from trainer_client.client_routing import Router, SessionLost
+from trainer_client.client_routing import INSTANCE_HEADER, Router, SessionLost
 from trainer_client.discovery import Discovery, dns_name, resolve
 
 log = logging.getLogger(__name__)
@@ -168,7 +168,14 @@ class ToolClient:
         self._metrics = Metrics()
         self._router = Router(self.replicas, self._metrics)
         self._health = HealthMonitor(
-            self.replicas, self._http, self._auth, self.health, self.retry, self._metrics, self._wake
+            self.replicas,
+            self._http,
+            self._auth,
+            self.health,
+            self.retry,
+            self._metrics,
+            self._wake,
+            self._router.seen,
         )
         self._catalog = IdempotencyCatalog(self._http, self._auth, self.health.timeout_s)
         self.discovery = Discovery(dns, self.replicas, self._router, self._wake) if dns else None
@@ -407,6 +414,10 @@ class ToolClient:
 
     async def _post_batch(self, replica: Replica, endpoint: Endpoint, items: list[Pending]) -> None:
         """Send one batch and settle every item: resolve, retry, or fail. Never raises."""
+        if self._router.restarted(replica):  # calls placed before the restart was seen: fail the lost
+            items = self._without_lost(items)
+            if not items:
+                return
         m = self._metrics
         replica.batches += 1
         if endpoint is CALLS:
@@ -430,12 +441,13 @@ class ToolClient:
                 self.batch.split_after_s, self._split, replica, items
             )
         failure: Exception | None = None
+        expected = self._router.instance(replica)  # the process this batch's sessions live in
         try:
             body = encode({endpoint.key: [item.payload for item in items]})
             response = await self._http.post(
                 replica.url + endpoint.path,
                 content=body,
-                headers=self._headers,
+                headers=self._headers_for(expected),
                 timeout=httpx.Timeout(self._attempt_timeout(items), pool=None),
             )
         except Exception as exc:  # classified below: a failure must never leave callers hanging
@@ -446,7 +458,23 @@ class ToolClient:
         if failure is not None:
             await self._attempt_failed(replica, items, failure)
         else:
-            await self._settle(replica, endpoint, items, response)
+            await self._settle(replica, endpoint, items, response, expected)
+
+    def _headers_for(self, instance: str | None) -> dict[str, str]:
+        """The request headers, naming the process the sessions are expected in: another
+        process at that address refuses them instead of starting them empty."""
+        return self._headers if instance is None else {**self._headers, INSTANCE_HEADER: instance}
+
+    def _without_lost(self, items: list[Pending]) -> list[Pending]:
+        """The items whose session is not lost; the others end ``unknown_session`` now."""
+        kept = []
+        for item in items:
+            why = self._router.lost(item.session) if item.session is not None else None
+            if why is None:
+                kept.append(item)
+            else:
+                self._fail_all([item], ErrorKind.UNKNOWN_SESSION, why)
+        return kept
 
     async def _attempt_failed(self, replica: Replica, items: list[Pending], exc: Exception) -> None:
         """A POST got no answer: did its request (possibly) reach the server?"""
@@ -506,7 +534,7 @@ class ToolClient:
             response = await self._http.post(
                 replica.url + CALLS.path,
                 content=encode({CALLS.key: [item.payload]}),
-                headers=self._headers,
+                headers=self._headers_for(self._router.instance(replica)),
                 timeout=httpx.Timeout(max(0.001, item.deadline - time.monotonic()) + 1.0, pool=None),
             )
             if response.status_code != 200:
@@ -521,11 +549,18 @@ class ToolClient:
             self._finish(item, result)
 
     async def _settle(
-        self, replica: Replica, endpoint: Endpoint, items: list[Pending], response: httpx.Response
+        self,
+        replica: Replica,
+        endpoint: Endpoint,
+        items: list[Pending],
+        response: httpx.Response,
+        sent: str | None,
     ) -> None:
+        """Settle a batch's items from the answer; ``sent`` is the instance the request named."""
         m = self._metrics
         status = response.status_code
         if status == 200:
+            self._router.seen(replica, response.headers.get(INSTANCE_HEADER))  # before any session lands
             self._health.mark_up(replica)
             replica.answered(len(items))
             try:
@@ -550,9 +585,16 @@ class ToolClient:
                     item.overloaded += 1
                     delay = retry_after(response.headers.get("retry-after"), default=0.0)
                     self._retry(item, ErrorKind.OVERLOADED, result.error.message, delay=delay)
+                elif (
+                    item.session is not None
+                    and result.error is not None
+                    and result.error.kind == ErrorKind.UNKNOWN_SESSION
+                    and self._router.fenced_new(item.session, sent, replica)
+                ):  # a new session, refused only for naming the process before a restart
+                    self._retry(item, ErrorKind.UNKNOWN_SESSION, result.error.message)
                 else:
                     if item.session is not None:
-                        self._router.landed(item.session)  # its state lives on this replica now
+                        self._router.landed(item.session, replica)  # its state lives in this process now
                     self._finish(item, result)
             return
         message = error_message(response)
@@ -756,6 +798,7 @@ class ToolClient:
                 last = f"{method} {target.url}{path} failed: {exc!r}"
             else:
                 if response.status_code < 400 or response.status_code in ok:
+                    self._router.seen(target, response.headers.get(INSTANCE_HEADER))
                     self._health.mark_up(target)
                     return response
                 last = (

@@ -10,6 +10,7 @@ import httpx
 
 from trainer_client.client_policies import HealthPolicy, RetryPolicy
 from trainer_client.client_records import Metrics, Replica
+from trainer_client.client_routing import INSTANCE_HEADER
 
 log = logging.getLogger("trainer_client.client")
 
@@ -17,7 +18,8 @@ log = logging.getLogger("trainer_client.client")
 class HealthMonitor:
     """Marks replicas down and up; probes every ``interval_s`` and after each failure.
 
-    ``on_up`` runs when a replica comes back, so that calls waiting out its outage go now.
+    ``on_up`` runs when a replica comes back, so that calls waiting out its outage go now;
+    ``on_instance`` gets the server process each probe was answered from (a restart shows).
     """
 
     def __init__(
@@ -29,6 +31,7 @@ class HealthMonitor:
         retry: RetryPolicy,
         metrics: Metrics,
         on_up: Callable[[], None],
+        on_instance: Callable[[Replica, str | None], None],
     ) -> None:
         self._replicas = replicas
         self._http = http
@@ -37,6 +40,7 @@ class HealthMonitor:
         self._retry = retry
         self._metrics = metrics
         self._on_up = on_up
+        self._on_instance = on_instance
         self._loop_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -72,6 +76,7 @@ class HealthMonitor:
                 replica.url + "/healthz", headers=self._headers, timeout=self._policy.timeout_s
             )
             ok = response.status_code == 200
+            self._on_instance(replica, response.headers.get(INSTANCE_HEADER))
         except httpx.HTTPError as exc:
             ok, why = False, f"/healthz failed: {exc!r}"
         except Exception as exc:  # a bug: say so, and count the replica as down

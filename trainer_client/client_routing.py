@@ -9,6 +9,11 @@ process, and another replica would silently start it from an empty state. When t
 replica goes away (it refuses connections, or discovery dropped it) the session is
 *lost*: its calls end ``unknown_session`` with a message that says so. A session that no
 replica has answered for yet has nothing to lose and is simply re-homed.
+
+A new process at the same address (a container restarted, a pod that kept its IP) is
+told apart by the instance id every answer names (``INSTANCE_HEADER``): the sessions that
+landed on the old process are lost, and every batch names the process its sessions are
+expected on, so the new one refuses them rather than start them empty.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import logging
 from trainer_client.client_records import Metrics, Pending, Replica
 
 log = logging.getLogger("trainer_client.client")
+INSTANCE_HEADER = "x-toolfactory-instance"  # the server process that answered; on a request, the expected one
 
 
 class SessionLost(Exception):
@@ -30,8 +36,11 @@ class Router:
         self.replicas = replicas  # shared with the health monitor and discovery (changed in place)
         self._metrics = metrics
         self._sessions: dict[str, Replica] = {}
-        self._landed: set[str] = set()  # sessions a replica has answered for: their state is there
+        # Sessions a replica has answered for -> the process (instance) that holds their state.
+        self._landed: dict[str, str | None] = {}
         self._lost: dict[str, str] = {}  # session -> why its calls fail
+        self._instances: dict[Replica, str] = {}  # the process each replica answered from last
+        self._restarted: set[Replica] = set()  # replicas seen answering from a new process
 
     def route(self, item: Pending, prefer: Replica | None) -> Replica:
         """The replica for one call; raises ``SessionLost`` for a call of a lost session."""
@@ -62,9 +71,42 @@ class Router:
         self._sessions[session] = replica
         return replica
 
-    def landed(self, session: str) -> None:
+    def landed(self, session: str, replica: Replica) -> None:
         """A replica answered for the session: from now on it lives there and nowhere else."""
-        self._landed.add(session)
+        self._landed.setdefault(session, self._instances.get(replica))
+
+    def instance(self, replica: Replica) -> str | None:
+        """The process a replica answered from last (None before it named one)."""
+        return self._instances.get(replica)
+
+    def seen(self, replica: Replica, instance: str | None) -> None:
+        """A replica answered from process ``instance``; a new one means it restarted, and
+        every session that lived in the process before is lost."""
+        old = self._instances.get(replica)
+        if instance is None or instance == old:
+            return
+        self._instances[replica] = instance
+        if old is None:
+            return
+        self._restarted.add(replica)
+        why = f"restarted (instance {old} is now {instance})"
+        for session, landed_on in self._landed.items():
+            if landed_on != instance and session not in self._lost and self._sessions.get(session) is replica:
+                self._lose(session, replica, why)
+
+    def restarted(self, replica: Replica) -> bool:
+        """The replica has answered from more than one process: a batch placed before the
+        new one was seen may hold calls of sessions lost since (``lost``)."""
+        return replica in self._restarted
+
+    def lost(self, session: str) -> str | None:
+        """Why a session's calls fail, or None if it is not lost."""
+        return self._lost.get(session)
+
+    def fenced_new(self, session: str, sent: str | None, replica: Replica) -> bool:
+        """A session no replica had answered for was refused because its batch named a process
+        that is gone: nothing ran, and it had no state to lose, so it may be sent again."""
+        return sent is not None and session not in self._landed and self._instances.get(replica) != sent
 
     def refused(self, session: str, replica: Replica) -> str | None:
         """``replica`` refused a connection: the process is gone, and with it the state of any
@@ -76,14 +118,14 @@ class Router:
     def pin(self, session: str, replica: Replica) -> None:
         """An explicit ``POST /v1/sessions`` was answered by ``replica``."""
         self._sessions[session] = replica
-        self._landed.add(session)
+        self._landed[session] = self._instances.get(replica)
 
     def pinned(self, session: str) -> Replica | None:
         return self._sessions.get(session)
 
     def forget(self, session: str) -> Replica | None:
         """Stop tracking a session; returns the replica to release it on (None: it is gone)."""
-        self._landed.discard(session)
+        self._landed.pop(session, None)
         lost = self._lost.pop(session, None)
         replica = self._sessions.pop(session, None)
         if lost is not None or (replica is not None and replica.gone):
@@ -114,7 +156,8 @@ class Router:
     def _lose(self, session: str, replica: Replica, why: str) -> str:
         message = (
             f"session {session} lived on replica {replica.url}, which {why}: its state went with it, "
-            "so its calls are not sent to another replica (they would start from an empty state); "
+            "so its calls fail rather than go on from an empty state (on another replica, or on a new "
+            "process at that address); "
             "start the trajectory again with a new session"
         )
         self._lost[session] = message
