@@ -18,7 +18,8 @@ class ErrorKind(StrEnum):
     TOO_LARGE = "too_large"  # request or output over a configured limit
     BAD_REQUEST = "bad_request"  # the call itself is malformed (missing name, bad id)
     UNAVAILABLE = "unavailable"  # an upstream server or model endpoint is down
-    UNKNOWN_SESSION = "unknown_session"  # session id expired or was released
+    # The session's state is not there: released, expired, or its replica died or restarted.
+    UNKNOWN_SESSION = "unknown_session"
     # The replica died with the call in flight; it may or may not have run (never retried elsewhere).
     OUTCOME_UNKNOWN = "outcome_unknown"
 
