@@ -36,6 +36,7 @@ from tool_server.sessions import INSTANCE_HEADER
 
 T = TypeVar("T")
 R = TypeVar("R")
+_INSTANCE_KEY = INSTANCE_HEADER.encode()  # as ASGI scopes spell header names: lower-case bytes
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -154,17 +155,17 @@ class HttpApi:
     async def _fenced(
         self,
         scope: Scope,
-        items: Sequence[T],
+        items: list[T],
         sessions: Sequence[str | None],
         run: Callable[[list[T]], Awaitable[list[R]]],
         refuse: Callable[[T, str], R],
     ) -> list[R]:
         """Run the items, less those whose session the client expects on another process
         (``SessionStore.fence``): those are answered ``unknown_session`` in their place."""
-        expected = request_header(scope, INSTANCE_HEADER.encode())
+        expected = request_header(scope, _INSTANCE_KEY)
         store = self.executor.sessions
         if expected is None or expected == store.instance:  # the usual case: nothing to refuse
-            return await run(list(items))
+            return await run(items)
         refused = {
             i: why for i, s in enumerate(sessions) if s is not None and (why := store.fence(expected, s))
         }
