@@ -51,6 +51,8 @@ SYSTEM_PATHS = (
     "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
 )
 DEVICES = ("null", "zero", "full", "random", "urandom")
+SESSION_TMPFS = ("/tmp", "/var/tmp", "/dev/shm")  # a worker's own, writable: mounted per session
+IDENTITY_FILES = ("/etc/passwd", "/etc/group")  # naming the worker's uid: bound per session
 
 # Syscalls the seccomp filter refuses (EPERM), by group; why is in tools.sandbox's docstring.
 DENIED = (
@@ -256,30 +258,62 @@ def mount_proc(root: Root) -> str:
         return f"host processes visible ({exc})"
 
 
-def build_root(mount: Mount, top: str, uid: int | None, report: dict[str, str]) -> None:
-    """A tmpfs at top laid out like /, holding only what Python needs: deny by default."""
+def build_shared_root(mount: Mount, top: str, hide: list[str]) -> str:
+    """A tmpfs at top laid out like /, holding only what Python needs (deny by default), sealed
+    read-only; the per-session parts (``session_mounts``) go on its empty mount points.
+
+    What it holds is the same for every session of one ``hide`` list, so the template builds
+    it once per list in its own mount namespace and each worker gets it as a copy of that
+    namespace. Returns how /proc is confined.
+    """
     mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     root = Root(mount, top)
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    for path, size in (("/tmp", CONFIG["tmpfs_mb"]), ("/var/tmp", 4), ("/dev/shm", 4)):
-        root.tmpfs(path, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
+    for path in SESSION_TMPFS:
+        root.mkdirs(path)
+    for path in IDENTITY_FILES:
+        root.write(path, "")
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
     for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
         os.symlink("/proc/self/fd" + target, root.inner("/dev/" + name))
-    report["proc"] = mount_proc(root)
+    proc = mount_proc(root)
     for path in SYSTEM_PATHS:
         root.show(path)
-    hidden = [os.path.realpath(p) for p in CONFIG["hide"]]
+    hidden = [os.path.realpath(p) for p in hide]
     for path in hidden:
         root.cover(path)
     for path in interpreter_paths(hidden):
         root.show(path)
-    name = f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if uid is not None else ""
-    root.write("/etc/passwd", "root:x:0:0::/root:/usr/sbin/nologin\n" + name)
-    root.write("/etc/group", "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if uid is not None else ""))
     root.seal()
+    mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    return proc
+
+
+def session_mounts(mount: Mount, top: str, uid: int | None) -> None:
+    """What is this session's own: private tmpfs mounts owned by its uid, and an /etc/passwd and
+    /etc/group that name it (written to its host directory, shown read-only)."""
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
+        mount(
+            "tmpfs",
+            top + path,
+            "tmpfs",
+            MS_NOSUID | MS_NODEV,
+            f"size={size}m,nr_inodes=4096,mode=0700{owner}",
+        )
+    named = uid is not None
+    texts = (
+        "root:x:0:0::/root:/usr/sbin/nologin\n"
+        + (f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if named else ""),
+        "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if named else ""),
+    )
+    for path, text in zip(IDENTITY_FILES, texts, strict=True):
+        source = os.path.join(CONFIG["hostdir"], os.path.basename(path))
+        with open(source, "w") as fh:
+            fh.write(text)
+        mount(source, top + path, None, MS_BIND)
+        mount(None, top + path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
@@ -301,17 +335,30 @@ def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
 
 
 def isolate_namespaces(libc: ctypes.CDLL, uid: int | None, report: dict[str, str]) -> str:
-    """New mount + network namespaces (root): a fresh root that shows only what Python needs."""
+    """New mount + network namespaces (root): a fresh root that shows only what Python needs.
+
+    The root is the template's prepared one for this ``hide`` list (``CONFIG["prepared"]``),
+    which the new mount namespace holds as a copy; where the template has none, the worker
+    builds it itself (in a directory of its host directory).
+    """
     mount = mounter(libc)
     libc_call(libc, "unshare(mount, net)", libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
     report["network"] = "network namespace (no interfaces up)"
-    mount("none", "/", None, MS_REC | MS_PRIVATE)
-    top = CONFIG["hostdir"]
+    prepared = CONFIG.get("prepared")
+    built = None
     try:
-        build_root(mount, top, uid, report)
+        if prepared:
+            top, report["proc"] = prepared
+        else:
+            mount("none", "/", None, MS_REC | MS_PRIVATE)
+            built = top = os.path.join(CONFIG["hostdir"], "root")
+            os.mkdir(top, 0o755)
+            report["proc"] = build_shared_root(mount, top, CONFIG["hide"])
+        session_mounts(mount, top, uid)
         report["root"] = enter_root(libc, mount, top)
     except BaseException:
-        libc.umount2(top.encode(), MNT_DETACH)  # drop the half-built root; the weak mode follows
+        if built:  # drop the half-built root; the weak mode follows
+            libc.umount2(built.encode(), MNT_DETACH)
         report.pop("proc", None)
         raise
     report["filesystem"] = (
@@ -643,6 +690,8 @@ for _name in ("mount", "umount2", "unshare", "syscall", "prctl", "capset"):
 SECCOMP_FILTER = seccomp_filter()
 FORGOTTEN: set[int] = set()  # workers the server stopped waiting for: reaped once they exit
 TEMPLATE_NETWORK = ""  # the template's own network: what a worker without namespaces stays in
+STAGE = ""  # where the template mounts prepared roots, in its own mount namespace ("" if none)
+PREPARED: dict[tuple[str, ...], tuple[str, str] | None] = {}  # hide list: (root, /proc report)
 _WORKER_FDS = 4  # control in, control out, captured stdout, captured stderr
 
 
@@ -665,6 +714,39 @@ def confine_template() -> str:
     except OSError as exc:
         return f"the server's ({exc})"
     return "own network namespace (no interfaces up)"
+
+
+def open_stage(stage: str) -> str:
+    """A mount namespace of the template's own with a tmpfs at ``stage`` (a directory the server
+    made for it) to hold the prepared roots: none of it is seen outside the template and the
+    workers it forks. Returns the stage, or "" when that is refused (workers build their own)."""
+    if not stage or os.geteuid() != 0:
+        return ""
+    mount = mounter(LIBC)
+    try:
+        libc_call(LIBC, "unshare(mount)", LIBC.unshare, CLONE_NEWNS)
+        mount("none", "/", None, MS_REC | MS_PRIVATE)  # so the copies a worker makes stay private too
+        mount("tmpfs", stage, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=256,mode=0700")
+    except OSError:
+        return ""
+    return stage
+
+
+def prepared_root(config: dict[str, Any]) -> tuple[str, str] | None:
+    """(root, how /proc is confined) prepared for this config's ``hide`` list, built on first use;
+    None where the worker builds its own (no stage, namespaces off, or building failed)."""
+    if not STAGE or not config.get("namespaces"):
+        return None
+    key = tuple(map(str, config.get("hide") or ()))
+    if key not in PREPARED:
+        top = os.path.join(STAGE, str(len(PREPARED)))
+        try:
+            os.mkdir(top, 0o755)
+            PREPARED[key] = (top, build_shared_root(mounter(LIBC), top, list(key)))
+        except OSError:
+            LIBC.umount2(top.encode(), MNT_DETACH)
+            PREPARED[key] = None  # each worker of this list tries itself, and reports why it failed
+    return PREPARED[key]
 
 
 def threads() -> int:
@@ -720,9 +802,10 @@ def answer(
         return {"error": f"not a request the template serves: {op!r} with {len(fds)} fds"}, None
     if threads() != 1:  # fork copies only the calling thread: a lock held elsewhere would stay held
         return {"error": "the template has started a thread; it no longer forks"}, None
+    config = {**request["config"], "prepared": prepared_root(request["config"])}  # never the server's
     pid = os.fork()
     if pid == 0:
-        become_worker(template, request["config"], fds)
+        become_worker(template, config, fds)
     return {"pid": pid}, os.pidfd_open(pid)  # the server's handle: never a recycled pid
 
 
@@ -730,14 +813,15 @@ def tell(template: socket.socket, reply: dict[str, Any], fds: tuple[int, ...] = 
     socket.send_fds(template, [json.dumps(reply).encode()], list(fds))
 
 
-def template_main() -> NoReturn:
+def template_main(stage: str) -> NoReturn:
     """Serve fork and reap requests on fd 0 (a SOCK_SEQPACKET socket) until the server hangs up."""
-    global TEMPLATE_NETWORK
+    global TEMPLATE_NETWORK, STAGE
     template = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     try:
         TEMPLATE_NETWORK = confine_template()
+        STAGE = open_stage(stage)
         for name in COMMON_MODULES:
             __import__(name)
         gc.collect()
@@ -773,8 +857,8 @@ def template_main() -> NoReturn:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--template"]:
-        sys.exit("usage: python -I sandbox_worker.py --template  (started by tools.sandbox_zygote)")
+    if len(sys.argv) != 3 or sys.argv[1] != "--template":
+        sys.exit("usage: python -I sandbox_worker.py --template STAGE_DIR  (started by tools.sandbox_zygote)")
     CONFIG: dict[str, Any] = {}
     CTL_IN = CTL_OUT = MAIN_PID = -1  # a forked worker sets its own
-    template_main()
+    template_main(sys.argv[2])

@@ -25,6 +25,7 @@ import select
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 from typing import Any
 
@@ -125,6 +126,7 @@ class Template:
         self._lock = threading.Lock()  # one request at a time on the socket
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._stage: str | None = None  # an empty directory on the host; the template mounts on it
 
     @property
     def pid(self) -> int | None:
@@ -175,6 +177,7 @@ class Template:
     def stop(self) -> None:
         """Kill the template (its workers run on: they belong to their sessions)."""
         proc, sock, self._proc, self._sock = self._proc, self._sock, None, None
+        stage, self._stage = self._stage, None
         if sock is not None:
             sock.close()
         if proc is not None:
@@ -182,14 +185,18 @@ class Template:
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
+        if stage is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(stage)  # mounted on only inside the template's namespace, gone with it
 
     # -- callers hold self._lock -------------------------------------------------------------
     def _start(self) -> None:
         self.stop()
+        self._stage = tempfile.mkdtemp(prefix="toolfactory-template-")
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             proc = subprocess.Popen(
-                [self.python, "-I", WORKER_PATH, "--template"],
+                [self.python, "-I", WORKER_PATH, "--template", self._stage],
                 stdin=theirs,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -314,3 +314,36 @@ async def test_a_worker_the_server_stopped_waiting_for_is_reaped_when_it_exits()
     finally:
         await other.aclose()
         await worker.aclose()
+
+
+def mount_points(pid: int | str) -> list[str]:
+    with open(f"/proc/{pid}/mountinfo") as fh:
+        return sorted(line.split()[4] for line in fh)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the template prepares roots only as root")
+async def test_a_workers_mounts_stay_in_its_own_namespace() -> None:
+    """The template builds the read-only root once; each worker adds its own tmpfs and identity
+    files in a copy of that mount namespace: none of it reaches the template, the host or a sibling."""
+    first = await spawn()
+    try:
+        template = template_pid()
+        host_before, template_before = mount_points("self"), mount_points(template)
+        assert os.readlink(f"/proc/{template}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        second = await spawn()
+        try:
+            assert os.readlink(f"/proc/{second.proc.pid}/ns/mnt") not in {
+                os.readlink(f"/proc/{pid}/ns/mnt") for pid in (template, first.proc.pid, os.getpid())
+            }
+            await second.run("open('/tmp/mine', 'w').write('second')")
+            assert (await first.run("import os\nos.listdir('/tmp')")).value == "[]"
+            ids = "import os\nos.getuid(), open('/etc/passwd').read().splitlines()[-1].split(':')[2]"
+            for worker in (first, second):
+                uid, named = ast.literal_eval((await worker.run(ids)).value or "")
+                assert uid == worker.uid and named == str(worker.uid)  # its own, from one shared root
+        finally:
+            await second.aclose()
+        assert mount_points(template) == template_before
+        assert mount_points("self") == host_before
+    finally:
+        await first.aclose()
