@@ -26,6 +26,16 @@ from tool_server.retrieve import RetrieveEndpoint
 log = logging.getLogger("tool_server")
 
 
+def configure_sandbox(config: Config) -> None:
+    """This replica's slice of sandbox uids, claimed on the node when ``claims_dir`` is set."""
+    from tools.sandbox import configure_uids
+
+    try:
+        configure_uids(config.sandbox.uids(), config.sandbox.claims_dir)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def build_registry(config: Config) -> Registry:
     registry = Registry()
     for spec in config.tools:
@@ -70,6 +80,7 @@ def create_app(
 ) -> Starlette:
     """The whole server as one ASGI app. ``bind_host`` decides the MCP Host checks."""
     bind_host = config.server.host if bind_host is None else bind_host
+    configure_sandbox(config)
     registry = build_registry(config)
     metrics = Metrics()
     executor = Executor(registry, config, metrics)

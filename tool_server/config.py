@@ -157,6 +157,26 @@ class WorkbenchConfig:
 
 
 @dataclass
+class SandboxConfig:
+    """Python sandbox workers of this replica. As root each worker runs as a uid of its own;
+    replicas on one node must draw from disjoint ranges (docs/scaling.md, "Sandbox uids")."""
+
+    uid_range: str = "200000-299999"  # FIRST-LAST, inclusive; split below among the replicas of a node
+    replicas: int = 1  # replicas on one node sharing uid_range (each takes an equal slice)
+    replica_index: int = 0  # this replica's slice, 0 .. replicas-1 (e.g. a StatefulSet ordinal)
+    claims_dir: str | None = None  # e.g. /run/toolfactory-uids: refuse to start on an overlapping live claim
+
+    def uids(self) -> range:
+        """This replica's uids; ConfigError when the range or the slice is invalid."""
+        from tools.sandbox_uids import parse_uid_range, replica_slice
+
+        try:
+            return replica_slice(parse_uid_range(self.uid_range), self.replica_index, self.replicas)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -167,6 +187,7 @@ class Config:
     mcp: McpConfig = field(default_factory=McpConfig)
     retrieve: RetrieveConfig = field(default_factory=RetrieveConfig)
     workbench: WorkbenchConfig = field(default_factory=WorkbenchConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     tools: list[ToolSpec] = field(default_factory=list)
     verifiers: list[ToolSpec] = field(default_factory=list)
     toolsets: dict[str, list[str]] = field(default_factory=dict)  # extra named subsets of tool names
@@ -320,4 +341,6 @@ def load_config(path: str | Path | None = None, environ: dict[str, str] | None =
 def config_from_dict(data: dict[str, Any], environ: dict[str, str] | None = None) -> Config:
     data = dict(data)
     _apply_env(data, dict(os.environ) if environ is None else environ)
-    return _build(Config, data, "")
+    config = _build(Config, data, "")
+    config.sandbox.uids()  # a bad uid range fails here, not at the first python session
+    return config

@@ -154,6 +154,7 @@ from typing import Any
 
 import anyio
 
+from tools.sandbox_uids import DEFAULT_UIDS, UidClaim
 from tools.sandbox_zygote import (
     WORKER_PATH,
     ForkedProcess,
@@ -163,7 +164,7 @@ from tools.sandbox_zygote import (
     template_for,
 )
 
-UID_RANGE = range(200_000, 300_000)  # unprivileged uids handed to workers when running as root
+UID_RANGE = DEFAULT_UIDS  # unprivileged uids handed to workers as root (configure_uids: per replica)
 _FRAME_HEADER = 4
 _MAX_REQUEST_BYTES = 8 << 20
 
@@ -215,21 +216,39 @@ _WORKER_PATH = WORKER_PATH
 # Server side
 # ----------------------------------------------------------------------------------------
 class _UidAllocator:
-    """Hands out distinct sandbox uids within this process (random, to avoid other servers' picks)."""
+    """Hands out distinct sandbox uids within this process, from this replica's range."""
 
     def __init__(self, uids: range) -> None:
         self._uids = uids
         self._used: set[int] = set()
         self._lock = threading.Lock()
+        self._claim: UidClaim | None = None
+
+    @property
+    def uids(self) -> range:
+        return self._uids
+
+    def use(self, uids: range, claims_dir: str | None) -> None:
+        """Draw from ``uids`` from now on, claimed in ``claims_dir`` (ValueError on an overlap).
+        Workers already running keep their uids, which stay taken until they are released."""
+        claim = UidClaim(uids, claims_dir) if claims_dir is not None else None
+        with self._lock:
+            old, self._claim, self._uids = self._claim, claim, uids
+        if old is not None:
+            old.release()
 
     def acquire(self) -> int:
+        """A free uid: random (a uid freed a moment ago is rarely reused at once), else the first free."""
         with self._lock:
-            for _ in range(1000):
-                uid = random.choice(self._uids)
-                if uid not in self._used:
-                    self._used.add(uid)
-                    return uid
-        raise SandboxError("no free sandbox uid left")
+            uids = self._uids
+            picks = (random.choice(uids) for _ in range(64))
+            uid = next((u for u in picks if u not in self._used), None)
+            if uid is None:
+                uid = next((u for u in uids if u not in self._used), None)
+            if uid is None:
+                raise SandboxError(f"no free sandbox uid left in {uids[0]}-{uids[-1]}")
+            self._used.add(uid)
+            return uid
 
     def release(self, uid: int) -> None:
         with self._lock:
@@ -237,6 +256,14 @@ class _UidAllocator:
 
 
 _UIDS = _UidAllocator(UID_RANGE)
+
+
+def configure_uids(uids: range, claims_dir: str | None = None) -> None:
+    """This replica's worker uids (a slice no other replica on the node uses: see
+    ``tools.sandbox_uids``); with ``claims_dir``, claimed there for the life of the process."""
+    _UIDS.use(uids, claims_dir)
+
+
 _LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()
 
 

@@ -1,0 +1,121 @@
+"""Which uids this server's sandbox workers may take, and a claim that no other replica takes them.
+
+As root every worker runs as a uid of its own, drawn from one range. Replicas on one node
+share the kernel's uids (containers without user namespaces included): two replicas drawing
+from the same range can hand the same uid to two sessions, which could then signal or
+ptrace each other and read each other's files. So each replica gets a disjoint slice: an
+explicit ``first-last`` range, or slice ``index`` of ``replicas`` equal slices of the range.
+
+A range is also *claimed* on the node: a file in a shared directory (``/run/toolfactory-uids``
+by default) holding the range, locked (``flock``) for the life of the process. A replica
+whose range overlaps a live claim refuses to start; a claim whose process died is unlocked
+and taken over. Replicas that do not share that directory (separate containers without a
+shared volume) are kept apart by their configured slices alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+
+__all__ = ["DEFAULT_CLAIMS_DIR", "DEFAULT_UIDS", "UidClaim", "parse_uid_range", "replica_slice"]
+
+DEFAULT_UIDS = range(200_000, 300_000)
+DEFAULT_CLAIMS_DIR = "/run/toolfactory-uids"
+_LOWEST = 65_536  # below: system and login users of the host (and of most containers)
+_HIGHEST = (1 << 32) - 2  # (uid_t)-1 means "no change" to setresuid
+
+
+def parse_uid_range(text: str) -> range:
+    """``"200000-299999"`` (inclusive) as a range; ValueError naming the problem otherwise."""
+    first, sep, last = text.partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        uids = range(int(first), int(last) + 1)
+    except ValueError:
+        raise ValueError(f"sandbox uid range {text!r}: expected FIRST-LAST, e.g. 200000-299999") from None
+    return _checked(uids, text)
+
+
+def replica_slice(uids: range, index: int, replicas: int) -> range:
+    """Slice ``index`` (from 0) of ``replicas`` equal, disjoint slices of ``uids``."""
+    if replicas < 1 or not 0 <= index < replicas:
+        raise ValueError(
+            f"sandbox replica index {index} of {replicas} replicas: expected 0 <= index < replicas"
+        )
+    size = len(uids) // replicas
+    if size < 1:
+        raise ValueError(f"sandbox uid range {_show(uids)} is too small for {replicas} replicas")
+    return _checked(uids[index * size : (index + 1) * size], f"slice {index} of {replicas}")
+
+
+def _checked(uids: range, what: str) -> range:
+    if uids.step != 1 or len(uids) < 1:
+        raise ValueError(f"sandbox uid range {what}: empty")
+    if uids[0] < _LOWEST or uids[-1] > _HIGHEST:
+        raise ValueError(
+            f"sandbox uid range {what} ({_show(uids)}): must lie within {_LOWEST}-{_HIGHEST} "
+            "(lower uids belong to the host's own users)"
+        )
+    return uids
+
+
+def _show(uids: range) -> str:
+    return f"{uids[0]}-{uids[-1]}" if len(uids) else "empty"
+
+
+class UidClaim:
+    """This process's claim on ``uids`` in ``directory``; ValueError when a live claim overlaps."""
+
+    def __init__(self, uids: range, directory: str = DEFAULT_CLAIMS_DIR) -> None:
+        self.uids = uids
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        # pids repeat across containers sharing the directory: a random name is this claim's own
+        self.path = os.path.join(directory, f"{_show(uids)}-{secrets.token_hex(8)}.claim")
+        self._fd = os.open(self.path + ".new", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(self._fd, f"{uids[0]} {uids[-1]}\n".encode())
+            os.rename(self.path + ".new", self.path)  # a visible claim is complete and locked
+            # Claims are published before others are read: two replicas starting at once both
+            # see the other's claim and both refuse, never both go on.
+            for name in sorted(os.listdir(directory)):
+                other = os.path.join(directory, name)
+                if name.endswith(".claim") and other != self.path:
+                    self._check(other)
+        except BaseException:
+            self.release()
+            raise
+
+    def _check(self, path: str) -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:  # held: a live replica's claim
+                first, last = (int(x) for x in os.pread(fd, 64, 0).split()[:2])
+                if first <= self.uids[-1] and self.uids[0] <= last:
+                    raise ValueError(
+                        f"sandbox uid range {_show(self.uids)} overlaps {first}-{last}, claimed by another "
+                        f"server on this node ({path}); give each replica its own range "
+                        "(sandbox.uid_range, or sandbox.replica_index of sandbox.replicas)"
+                    ) from None
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # its process is gone
+        finally:
+            os.close(fd)
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            for path in (self.path, self.path + ".new"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            os.close(fd)
