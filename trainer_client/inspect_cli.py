@@ -14,10 +14,11 @@ from typing import Any, TextIO
 
 import orjson
 
+from protocol.images import image_info
 from trainer_client.cli import CliError, Subcommand, read_records, register_subcommand
 from trainer_client.summary import format_summary, summarize
 
-__all__ = ["render_record"]
+__all__ = ["describe_content", "render_record"]
 
 _GREEN, _CYAN, _DIM, _BOLD, _RESET = "\033[32m", "\033[36m", "\033[2m", "\033[1m", "\033[0m"
 
@@ -50,7 +51,7 @@ def render_record(record: dict[str, Any], *, color: bool, prompt: bool = False) 
         lines.append("--- prompt messages")
         messages = record.get("messages") or []
         for message in messages[: record.get("num_prompt_messages", len(messages))]:
-            lines.append(f"[{message.get('role')}] {message.get('content')}")
+            lines.append(f"[{message.get('role')}] {describe_content(message.get('content'))}")
     lines.append("--- response" + ("" if color else "  (observation tokens inside [obs]...[/obs])"))
     parts = []
     for segment in record.get("segments") or []:
@@ -64,7 +65,84 @@ def render_record(record: dict[str, Any], *, color: bool, prompt: bool = False) 
         lines.append(
             f"{_BOLD}legend:{_RESET} {_GREEN}model tokens{_RESET}  {_CYAN}{_DIM}observation tokens{_RESET}"
         )
+    lines += _tool_results(record)
+    if record.get("reward_details"):
+        lines.append(f"verifier's details: {orjson.dumps(record['reward_details']).decode()}")
     return "\n".join(lines)
+
+
+def describe_content(content: Any, images: list[int] | None = None, *, short: bool = False) -> str:
+    """A message's content as text: text blocks as they are (``short``: on one line, cut), each image as a marker.
+
+    ``[image 1: image/png 640x480, 12 KB]`` (type and size read from the header only);
+    ``images`` is a one-item counter, to number the images across a trajectory.
+    """
+    if not isinstance(content, list):
+        return _shorten(str(content)) if short else str(content)
+    counter = images if images is not None else [0]
+    parts = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            text = str(block.get("text", ""))
+            parts.append(_shorten(text) if short else text)
+        elif kind == "image":
+            counter[0] += 1
+            parts.append(_image_marker(block, counter[0]))
+        else:
+            parts.append(f"[{kind or 'unknown'} block]")
+    return (" " if short else "\n").join(parts)
+
+
+def _image_marker(block: dict[str, Any], number: int) -> str:
+    mime, data = block.get("mimeType"), block.get("data")
+    if not data:
+        return f"[image {number}: {mime}, data not stored]"
+    try:
+        info = image_info(data, mime)
+    except ValueError as exc:
+        return f"[image {number}: {mime}, unreadable: {exc}]"
+    return f"[image {number}: {info.mime_type} {info.width}x{info.height}, {_size(info.size)}]"
+
+
+def _size(size: int) -> str:
+    return f"{size / 1024 / 1024:.1f} MB" if size >= 1024 * 1024 else f"{max(1, round(size / 1024))} KB"
+
+
+def _tool_results(record: dict[str, Any]) -> list[str]:
+    """One line per tool result: its call's server latency, cache hit and error kind, its images marked.
+
+    Files written before the rollout recorded ``calls`` show the results without figures.
+    """
+    messages = record.get("messages") or []
+    start = record.get("num_prompt_messages", 0)
+    calls = {c.get("message"): c for c in record.get("calls") or [] if isinstance(c, dict)}
+    lines, images = [], [0]
+    for number, message in enumerate(messages[start:], start):
+        if message.get("role") != "tool":
+            continue
+        call = calls.pop(number, None)
+        head = f"[tool {message.get('name', '')}{_call_figures(call)}]"
+        lines.append(f"{head} {describe_content(message.get('content'), images, short=True)}")
+    for call in calls.values():  # cut by the response budget before its result was spliced
+        lines.append(f"[tool {call.get('name', '')}{_call_figures(call)}] (result not shown to the model)")
+    return ["--- tool results", *lines] if lines else []
+
+
+def _call_figures(call: dict[str, Any] | None) -> str:
+    if call is None:
+        return ""
+    figures = [f"{call.get('elapsed_ms', 0):.1f} ms"]
+    if call.get("cached"):
+        figures.append("cache hit")
+    if call.get("error"):
+        figures.append(f"error {call['error']}")
+    return " · " + ", ".join(figures)
+
+
+def _shorten(text: str, limit: int = 200) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def run_show(args: argparse.Namespace) -> int:
