@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import random
@@ -40,14 +41,15 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.capacity_model import ReplicaSpec, ToolKind, Workload, plan  # noqa: E402
-from bench.loadgen import build_post, percentile, run_load  # noqa: E402
+from bench.capacity_model import ClientCost, ReplicaSpec, ToolKind, Workload, calls_per_post, plan  # noqa: E402
+from bench.loadgen import Connection, build_post, percentile, run_load  # noqa: E402
 from tests.chaos.test_discovery import common_port  # noqa: E402
 from tests.support.server import running_server, server_config  # noqa: E402
 from tools.envs.procedural import pack  # noqa: E402
@@ -151,88 +153,192 @@ def ok(_status: int, body: bytes) -> bool:
     return not any(r.get("is_error") for r in orjson.loads(body)["results"])
 
 
-async def cpu_per_call(url: str, pid: int, make: Callable[[int, int], dict], calls: int, batch: int) -> float:
-    """Server (tree) CPU µs per call for ``calls`` calls in POSTs of ``batch``; make(i) -> call."""
-    requests = max(1, calls // batch)
+SERIAL = itertools.count()  # every measured call is new: no idempotency replay, no cache hit
+BATCHES = (1, 8, 64)
 
-    def post(i: int) -> bytes:
-        body = calls_body([make(i * batch + j, i) for j in range(batch)])
-        return build_post(url + "/v1/calls", body)
+
+def calc_call(n: int) -> dict:
+    return {"call_id": f"c{n}", "name": "calculator", "arguments": {"expression": f"{n} * 3 + 1"}}
+
+
+def search_call(n: int) -> dict:
+    query = f"{WORDS[n % len(WORDS)]} {WORDS[(n // 7) % len(WORDS)]} {n}"
+    return {"call_id": f"s{n}", "name": "search", "arguments": {"query": query}}
+
+
+async def cpu_per_request(
+    url: str, pid: int, make: Callable[[int], dict], requests: int, batch: int, concurrency: int = 4
+) -> float:
+    """Server (tree) CPU µs per POST of ``batch`` calls; ``make(n)`` builds call number ``n``.
+
+    ``n`` is unique over the whole run, and ``make`` puts it in the call_id and the
+    arguments: a repeated call_id is answered from the idempotency store (~6 µs, what an
+    earlier version of this bench measured by mistake) and repeated arguments of a
+    cacheable tool from the result cache.
+    """
+
+    def post(_i: int) -> bytes:
+        return build_post(url + "/v1/calls", calls_body([make(next(SERIAL)) for _ in range(batch)]))
+
+    return await cpu_of(url, pid, post, max(concurrency, requests), concurrency)
+
+
+async def cpu_of(
+    url: str,
+    pid: int,
+    request: Callable[[int], bytes],
+    requests: int,
+    concurrency: int,
+    check: Callable[[int, bytes], bool] = ok,
+) -> float:
+    """Server (tree) CPU µs per request for ``requests`` raw requests built by ``request(i)``."""
+    before = tree_cpu_s(pid)
+    result = await run_load(url, request, concurrency=concurrency, total_requests=requests, check=check)
+    if result.errors:
+        raise RuntimeError(f"{result.errors} of {requests} requests failed: {result.statuses}")
+    return (tree_cpu_s(pid) - before) / requests * 1e6
+
+
+async def paced_cpu_per_request(
+    url: str, pid: int, make: Callable[[int], dict], conns: int = 4, per_conn: int = 100, gap_s: float = 0.01
+) -> float:
+    """Server CPU µs per 1-call POST when each connection waits ``gap_s`` between requests,
+    so that the replica sleeps between them (as it does at light load)."""
+    parts = urlsplit(url)
+
+    async def caller() -> None:
+        conn = await Connection.open(parts.hostname or "127.0.0.1", parts.port or 80)
+        try:
+            for _ in range(per_conn):
+                status, body = await conn.request(
+                    build_post(url + "/v1/calls", calls_body([make(next(SERIAL))]))
+                )
+                if not ok(status, body):
+                    raise RuntimeError(f"paced request failed: {status} {body[:200]!r}")
+                await asyncio.sleep(gap_s)
+        finally:
+            conn.close()
 
     before = tree_cpu_s(pid)
-    result = await run_load(url, post, concurrency=4, total_requests=requests, check=ok)
-    if result.errors:
-        raise RuntimeError(f"{result.errors} of {requests} POSTs failed")
-    return (tree_cpu_s(pid) - before) / (requests * batch) * 1e6
+    await asyncio.gather(*(caller() for _ in range(conns)))
+    return (tree_cpu_s(pid) - before) / (conns * per_conn) * 1e6
+
+
+def fit_request_cost(per_request: dict[int, float]) -> tuple[float, float]:
+    """(fixed, per call) of CPU per request = fixed + per call x batch size.
+
+    Least squares on relative errors (weights 1 / y²): the 64-call POSTs would otherwise
+    decide the fixed part alone, which the 1-call POSTs measure best.
+    """
+    pts = [(x, y, 1 / max(y, 1e-9) ** 2) for x, y in per_request.items()]
+    sw = sum(w for _, _, w in pts)
+    mx, my = sum(w * x for x, _, w in pts) / sw, sum(w * y for _, y, w in pts) / sw
+    slope = sum(w * (x - mx) * (y - my) for x, y, w in pts) / sum(w * (x - mx) ** 2 for x, _, w in pts)
+    slope = max(0.0, slope)
+    return max(0.0, my - slope * mx), slope
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Part (a): per-kind CPU, session costs and memory on one replica."""
+    """Part (a): per-request and per-call CPU by kind, session costs and memory on one replica."""
     ids = accounts()
     figures: dict[str, Any] = {}
     with running_server(replica_config(not args.skip_python, search=True)) as server:
         pid, url = server.proc.pid, server.url
         await asyncio.sleep(2)  # the sandbox pool warms up in the background
         figures["base_rss_mb"] = rss_mb(pid)
-        tag = uuid.uuid4().hex[:6]
+        figures["load_average_at_start"] = Path("/proc/loadavg").read_text().split()[0]
 
-        def calc(n: int, _i: int) -> dict:
-            return {
-                "call_id": f"c{tag}{n}",
-                "name": "calculator",
-                "arguments": {"expression": f"{n} * 3 + 1"},
-            }
-
-        def env(prefix: str, sessions: int | None) -> Callable[[int, int], dict]:
-            def make(n: int, _i: int) -> dict:
-                session = f"{prefix}-{n % sessions if sessions else n}"
-                arguments = {"account_id": ids[n % len(ids)]}
+        def env(prefix: str, sessions: int | None) -> Callable[[int], dict]:
+            def make(n: int) -> dict:
                 return {
-                    "call_id": f"{prefix}{tag}{n}",
+                    "call_id": f"{prefix}{n}",
                     "name": "get_balance",
-                    "arguments": arguments,
-                    "session": session,
+                    "arguments": {"account_id": ids[n % len(ids)]},
+                    "session": f"{prefix}-{n % sessions if sessions else n}",
                 }
 
             return make
 
-        def search(n: int, _i: int) -> dict:
-            query = f"{WORDS[n % len(WORDS)]} {WORDS[(n // 7) % len(WORDS)]} {n}"  # distinct: no cache hits
-            return {"call_id": f"s{tag}{n}", "name": "search", "arguments": {"query": query}}
-
+        kinds = {"calculator": calc_call, "search": search_call, "env": env("w", 256)}
         calls = args.measure_calls
-        await cpu_per_call(url, pid, env("w", 256), 256 * 2, 64)  # warm sessions exist
-        for _ in range(2):  # warm-up, then the measured repeats (best of)
-            await cpu_per_call(url, pid, calc, 640, 64)
-        rows: dict[str, list[float]] = {
-            "calc64": [],
-            "calc1": [],
-            "search": [],
-            "env_warm": [],
-            "env_new": [],
-        }
+        await cpu_per_request(url, pid, env("w", 256), 8, 64)  # the warm sessions exist
+        await cpu_per_request(url, pid, calc_call, 20, 64)  # warm-up
+        rows: dict[str, dict[int, list[float]]] = {k: {b: [] for b in BATCHES} for k in kinds}
+        new_sessions: list[float] = []
+        paced: list[float] = []
         for r in range(args.repeats):
-            rows["calc64"].append(await cpu_per_call(url, pid, calc, calls, 64))
-            rows["calc1"].append(await cpu_per_call(url, pid, calc, max(200, calls // 8), 1))
-            rows["search"].append(await cpu_per_call(url, pid, search, calls // 4, 64))
-            rows["env_warm"].append(await cpu_per_call(url, pid, env("w", 256), calls, 64))
-            rows["env_new"].append(await cpu_per_call(url, pid, env(f"n{r}", None), calls, 64))
-        best = {k: min(v) for k, v in rows.items()}
-        figures["calculator_cpu_us"] = best["calc64"]
-        figures["post_cpu_us"] = max(0.0, best["calc1"] - best["calc64"])
-        figures["search_cpu_us"] = best["search"]
-        figures["env_cpu_us"] = best["env_warm"]
-        figures["env_session_start_cpu_us"] = max(0.0, best["env_new"] - best["env_warm"])
+            paced.append(await paced_cpu_per_request(url, pid, calc_call))
+            for kind, make in kinds.items():
+                scale = 4 if kind == "search" else 1  # a search costs ~10x a calculator call
+                for b in BATCHES:
+                    requests = max(50, calls // scale // max(b, 8))
+                    rows[kind][b].append(await cpu_per_request(url, pid, make, requests, b))
+            new_sessions.append(await cpu_per_request(url, pid, env(f"n{r}", None), calls // 64, 64) / 64)
+        best = {k: {b: min(v) for b, v in per.items()} for k, per in rows.items()}
+        fixed = []
+        for kind, per_request in best.items():
+            post, call = fit_request_cost(per_request)
+            figures[f"{kind}_cpu_us"] = call
+            figures[f"{kind}_post_cpu_us"] = post
+            figures[f"{kind}_per_request_us"] = {str(b): round(v, 1) for b, v in per_request.items()}
+            fixed.append(post)
+        figures["post_cpu_us"] = sorted(fixed)[len(fixed) // 2]  # the median kind's
+        # a 1-call POST to a replica asleep between requests, against one kept busy
+        figures["wake_cpu_us"] = max(0.0, min(paced) - best["calculator"][1])
+        figures["env_session_start_cpu_us"] = max(0.0, min(new_sessions) - figures["env_cpu_us"])
+
+        # a re-sent call_id (a split POST, a retry) on its own POST: answered from the store
+        done = [calc_call(next(SERIAL)) for _ in range(256)]
+        await cpu_of(
+            url, pid, lambda i: build_post(url + "/v1/calls", calls_body(done[i * 64 : i * 64 + 64])), 4, 1
+        )
+        figures["replay_post_cpu_us"] = await cpu_of(
+            url, pid, lambda i: build_post(url + "/v1/calls", calls_body([done[i]])), 256, 4
+        )
 
         # memory of environment sessions: RSS growth over many live sessions (one call each)
         before = rss_mb(pid)
-        await cpu_per_call(url, pid, env("m", None), args.env_sessions, 64)
-        figures["env_session_mb"] = max(0.0, rss_mb(pid) - before) / args.env_sessions
-        figures["env_sessions_measured"] = args.env_sessions
-
+        first, created = next(SERIAL) + 1, max(4, args.env_sessions // 64) * 64  # n runs from first
+        await cpu_per_request(url, pid, lambda n: env("m", None)(n - first), created // 64, 64)
+        figures["env_session_mb"] = max(0.0, rss_mb(pid) - before) / created
+        figures["env_sessions_measured"] = created
+        # releasing them: one DELETE each (a trajectory's last request)
+        host = url.split("//", 1)[1]
+        release = min(created, 1000)
+        figures["release_cpu_us"] = await cpu_of(
+            url,
+            pid,
+            lambda i: (
+                f"DELETE /v1/sessions/m-{i} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n\r\n".encode()
+            ),
+            release,
+            4,
+            check=lambda status, _body: status in (200, 204),
+        )
+        figures.update(await measure_client(url))
         if not args.skip_python:
             figures.update(await measure_python(url, pid, args))
     return figures
+
+
+async def measure_client(url: str, posts: int = 300) -> dict[str, float]:
+    """The trainer's ``ToolClient`` CPU (this process) per POST and per call, one caller."""
+    from protocol import Call, new_call_id  # noqa: PLC0415 (the bench's parent needs no client otherwise)
+    from trainer_client.client import ToolClient  # noqa: PLC0415
+
+    per_post: dict[int, float] = {}
+    async with ToolClient([url]) as client:
+        for b in BATCHES:
+            count = max(20, posts // max(1, b // 8))
+            start = time.process_time()
+            for i in range(count):
+                n = next(SERIAL)
+                await client.call_tools(
+                    [Call(new_call_id(), "calculator", {"expression": f"{n} + {i} * {j}"}) for j in range(b)]
+                )
+            per_post[b] = (time.process_time() - start) / count * 1e6
+    post, call = fit_request_cost(per_post)
+    return {"client_post_cpu_us": post, "client_call_cpu_us": call}
 
 
 async def measure_python(url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -242,26 +348,27 @@ async def measure_python(url: str, pid: int, args: argparse.Namespace) -> dict[s
     pss_before = children_pss_mb(pid)
     procs_before = len(descendants(pid))
 
-    def first(k: int, _i: int) -> dict:
+    def first(k: int) -> dict:
+        # k runs over n consecutive numbers: k % n names each session once
         return {
-            "call_id": f"pf{tag}{k}",
+            "call_id": f"pf{k}",
             "name": "python",
             "arguments": {"code": "x = 0"},
-            "session": f"py{tag}-{k}",
+            "session": f"py{tag}-{k % n}",
         }
 
-    def warm(k: int, _i: int) -> dict:
-        code = "x += 1\nsum(range(100))"
+    def warm(k: int) -> dict:
+        code = f"x += 1\nsum(range({100 + k % 7}))"
         return {
-            "call_id": f"pw{tag}{k}",
+            "call_id": f"pw{k}",
             "name": "python",
             "arguments": {"code": code},
             "session": f"py{tag}-{k % n}",
         }
 
-    start_cpu = await cpu_per_call(url, pid, first, n, n)  # n sessions opened, one call each
+    start_cpu = await cpu_per_request(url, pid, first, 1, n, concurrency=1) / n  # n sessions, one call each
     await asyncio.sleep(3)  # the pool refills; its workers are measured below with the rest
-    warm_runs = [await cpu_per_call(url, pid, warm, n * 20, n) for _ in range(args.repeats)]
+    warm_runs = [await cpu_per_request(url, pid, warm, 20, n) / n for _ in range(args.repeats)]
     workers = len(descendants(pid)) - procs_before
     pss = (children_pss_mb(pid) - pss_before) / n
     return {
@@ -301,28 +408,49 @@ MIXES = {
 }
 
 
+def replica_spec(figures: dict[str, Any], **overrides: Any) -> ReplicaSpec:
+    """A replica with part (a)'s request costs and RSS; ``overrides`` set its size and caps."""
+    costs = {
+        "base_mb": figures["base_rss_mb"],
+        "post_cpu_us": figures["post_cpu_us"],
+        "release_cpu_us": figures["release_cpu_us"],
+        "wake_cpu_us": figures.get("wake_cpu_us", 0.0),
+    }
+    return ReplicaSpec(**{**costs, **overrides})
+
+
+def client_cost(figures: dict[str, Any]) -> ClientCost:
+    return ClientCost(figures["client_post_cpu_us"], figures["client_call_cpu_us"])
+
+
 def model_table(figures: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     kinds = kinds_from(figures, args.python_session_mb)
-    spec = ReplicaSpec(
-        cores=args.cores,
-        ram_mb=args.ram_gb * 1024,
-        base_mb=figures["base_rss_mb"],
-        post_cpu_us=figures["post_cpu_us"],
-        max_workers=args.max_workers,
-    )
+    spec = replica_spec(figures, cores=args.cores, ram_mb=args.ram_gb * 1024, max_workers=args.max_workers)
     rows = []
     for name, mix in MIXES.items():
         if not set(mix) <= set(kinds):
             continue
         for n in (1024, 4096, 65_536):
-            work = Workload(n, args.rate, mix, calls_per_trajectory=10, client_processes=max(1, n // 1024))
-            p = plan(work, kinds, spec)
+            procs = max(1, n // 1024)
+            # the batch a client makes depends on its rate to each replica: plan for one
+            # replica, then again with the rate spread over the replicas that plan needs
+            replicas = 1
+            for _ in range(2):
+                batch = calls_per_post(n * args.rate / procs / replicas)
+                work = Workload(
+                    n, args.rate, mix, calls_per_trajectory=10, client_processes=procs, calls_per_post=batch
+                )
+                p = plan(work, kinds, spec, client_cost(figures))
+                replicas = p.replicas
             rows.append(
                 {
                     "mix": name,
                     "N": n,
                     "replicas": p.replicas,
                     "binding": p.binding,
+                    "calls_per_post": round(batch, 2),
+                    "server_us_per_call": round(p.cpu_us_per_call, 1),
+                    "client_cores": round(p.client_cores, 2),
                     "needs": {k: round(v, 2) for k, v in p.needs.items()},
                 }
             )
@@ -346,7 +474,7 @@ async def client_main(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     latencies: list[float] = []
     errors: dict[str, int] = {}
-    counted = 0
+    counted = releases = 0
     await asyncio.sleep(max(0.0, args.start_at - time.time()))  # every client and the parent: one window
     begin = time.monotonic()
     measure_from, stop_at = begin + args.warmup, begin + args.warmup + args.duration
@@ -355,7 +483,7 @@ async def client_main(args: argparse.Namespace) -> None:
     async with ToolClient(args.urls.split(",")) as client:
 
         async def trajectory(k: int) -> None:
-            nonlocal counted
+            nonlocal counted, releases
             await asyncio.sleep(rng.uniform(0, args.think_s))  # spread the starts
             while time.monotonic() < stop_at:
                 session = f"t{args.seed}-{k}-{uuid.uuid4().hex[:8]}"
@@ -382,6 +510,7 @@ async def client_main(args: argparse.Namespace) -> None:
                         if result.is_error:
                             kind_name = result.error.kind.value if result.error else "error"
                             errors[kind_name] = errors.get(kind_name, 0) + 1
+                releases += 1
                 await client.release_session(session)
 
         async def clock() -> None:
@@ -407,6 +536,10 @@ async def client_main(args: argparse.Namespace) -> None:
         "p99": percentile(latencies, 0.99) if latencies else None,
         "lat_sample": latencies[:: max(1, len(latencies) // 2000)],
         "mean_batch": batches["mean_batch_size"],
+        "posts": batches["batches"],
+        "splits": batches["split_posts"],
+        "calls_sent": batches["calls_sent"],
+        "releases": releases,
     }
     print(json.dumps(out))
 
@@ -446,29 +579,39 @@ def start_clients(
     return procs
 
 
+def sim_workload(args: argparse.Namespace, batch: float, split_share: float = 0.0) -> Workload:
+    """The simulation's mix at a batch size and split share (the rate does not matter per call)."""
+    return Workload(
+        1000,
+        1.0,
+        args.sim_mix,
+        calls_per_trajectory=args.calls_per_traj,
+        calls_per_post=max(1.0, batch),
+        split_share=split_share,
+    )
+
+
 async def simulate(figures: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """Part (c): replicas and client processes on this box's cores, stepped through loads."""
     kinds = kinds_from(figures, None)
+    client = client_cost(figures)
+    cores = os.cpu_count() or 2
     addresses = [f"127.0.0.{2 + i}" for i in range(args.replicas)]
-    cores_each = (
-        os.cpu_count() or 2
-    ) / args.replicas  # the model's view: the box's cores split over replicas
-    spec = ReplicaSpec(
-        cores=cores_each,
-        ram_mb=4096,
-        base_mb=figures["base_rss_mb"],
-        post_cpu_us=figures["post_cpu_us"],
-        utilisation=1.0,
-    )
-    probe = plan(
-        Workload(
-            1000, 1.0, args.sim_mix, calls_per_trajectory=args.calls_per_traj, calls_per_post=args.sim_batch
-        ),
-        kinds,
-        spec,
-    )
-    predicted = probe.capacity_calls_per_s * args.replicas  # saturation, all replicas
+    # the replicas-only view: the box's cores split over replicas, clients elsewhere
+    spec = replica_spec(figures, cores=cores / args.replicas, ram_mb=4096, utilisation=1.0)
+    probe = plan(sim_workload(args, args.sim_batch), kinds, spec, client)
+    replicas_only = probe.capacity_calls_per_s * args.replicas
+    # the box's view: replicas and clients share its cores; a replica's busy share (which
+    # decides the wake-up cost) follows from the rate, so iterate to the fixed point
+    client_us = client.per_call_us(sim_workload(args, args.sim_batch))
+    busy = 1.0
+    for _ in range(5):
+        probe = plan(sim_workload(args, args.sim_batch), kinds, spec, client, busy=busy)
+        predicted = cores * 1e6 / (probe.cpu_us_per_call + client_us)
+        busy = predicted * probe.cpu_us_per_call / 1e6 / args.replicas
     note(
-        f"model: {probe.cpu_us_per_call:.1f} µs server CPU per call -> {predicted:,.0f} calls/s on {args.replicas} replicas"
+        f"model at {args.sim_batch:g} calls/POST: server {probe.cpu_us_per_call:.1f} + client {client_us:.1f} "
+        f"µs per call -> {predicted:,.0f} calls/s on {cores} cores ({replicas_only:,.0f} with the clients elsewhere)"
     )
     steps = []
     port = common_port(addresses)
@@ -487,57 +630,74 @@ async def simulate(figures: dict[str, Any], args: argparse.Namespace) -> dict[st
             note(
                 f"load {factor:.2f}x: {n_traj} trajectories, think {args.think_s * 1000:.0f} ms -> {offered:,.0f} calls/s offered"
             )
-            start_at = time.time() + args.startup
-            procs = start_clients(urls, n_traj, args.think_s, start_at, args)
-            await asyncio.sleep(start_at - time.time())
-            cpu0 = sum(tree_cpu_s(p) for p in pids)
-            await asyncio.sleep(args.warmup)
-            cpu1 = sum(tree_cpu_s(p) for p in pids)
-            await asyncio.sleep(args.duration)
-            cpu2 = sum(tree_cpu_s(p) for p in pids)
-            outs = []
-            for proc in procs:
-                stdout, stderr = proc.communicate(timeout=args.warmup + args.duration + 120)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"client failed: {stderr[-2000:]}")
-                outs.append(json.loads(stdout.strip().splitlines()[-1]))
-            calls = sum(o["calls"] for o in outs)
-            lat = sorted(x for o in outs for x in o["lat_sample"])
-            errors: dict[str, int] = {}
-            for o in outs:
-                for k, v in o["errors"].items():
-                    errors[k] = errors.get(k, 0) + v
-            client_cpu = sum(o["cpu_s"] or 0 for o in outs)
-            batch = sum(o["mean_batch"] * o["calls"] for o in outs) / max(1, calls) or 1.0
-            at_batch = Workload(
-                1000,
-                1.0,
-                args.sim_mix,
-                calls_per_trajectory=args.calls_per_traj,
-                calls_per_post=max(1.0, batch),
-            )
-            steps.append(
-                {
-                    "factor": factor,
-                    "trajectories": n_traj,
-                    "offered": offered,
-                    "achieved": calls / args.duration,
-                    "p50_ms": percentile(lat, 0.5) * 1000 if lat else None,
-                    "p99_ms": percentile(lat, 0.99) * 1000 if lat else None,
-                    "errors": errors,
-                    "server_cpu_us": (cpu2 - cpu1) / max(1, calls) * 1e6,
-                    "client_cpu_us": client_cpu / max(1, calls) * 1e6,
-                    "server_cores": (cpu2 - cpu1) / args.duration,
-                    "client_cores": client_cpu / args.duration,
-                    "warmup_server_cores": (cpu1 - cpu0) / args.warmup,
-                    "mean_batch": batch,
-                    "model_server_us": plan(at_batch, kinds, spec).cpu_us_per_call,
-                }
-            )
+            steps.append(await sim_step(args, urls, pids, n_traj, offered, factor))
+            step = steps[-1]
+            workload = sim_workload(args, step["mean_batch"], step["split_share"])
+            busy = step["server_cores"] / args.replicas  # each replica's measured busy share
+            step["model_server_us"] = plan(workload, kinds, spec, busy=busy).cpu_us_per_call
+            step["model_client_us"] = client.per_call_us(workload)
+            step["model_box"] = cores * 1e6 / (step["model_server_us"] + step["model_client_us"])
+            per_client_replica = step["achieved"] / args.clients / args.replicas
+            step["model_batch"] = calls_per_post(per_client_replica)
             note(
-                f"  achieved {steps[-1]['achieved']:,.0f} calls/s, p50 {ms(steps[-1]['p50_ms'])}, p99 {ms(steps[-1]['p99_ms'])}"
+                f"  achieved {step['achieved']:,.0f} calls/s, p50 {ms(step['p50_ms'])}, p99 {ms(step['p99_ms'])}, "
+                f"{step['mean_batch']:.1f} calls/POST, {step['split_share']:.2f} split POSTs per call"
             )
-    return {"predicted": predicted, "model_cpu_us": probe.cpu_us_per_call, "steps": steps}
+    return {
+        "predicted": predicted,
+        "replicas_only": replicas_only,
+        "model_cpu_us": probe.cpu_us_per_call,
+        "model_client_us": client_us,
+        "steps": steps,
+    }
+
+
+async def sim_step(
+    args: argparse.Namespace, urls: list[str], pids: list[int], n_traj: int, offered: float, factor: float
+) -> dict[str, Any]:
+    """One load step: start the clients, read the replicas' CPU over the window, gather."""
+    start_at = time.time() + args.startup
+    procs = start_clients(urls, n_traj, args.think_s, start_at, args)
+    await asyncio.sleep(start_at - time.time())
+    cpu0 = sum(tree_cpu_s(p) for p in pids)
+    await asyncio.sleep(args.warmup)
+    cpu1 = sum(tree_cpu_s(p) for p in pids)
+    await asyncio.sleep(args.duration)
+    cpu2 = sum(tree_cpu_s(p) for p in pids)
+    outs = []
+    for proc in procs:
+        stdout, stderr = await asyncio.to_thread(proc.communicate, timeout=args.warmup + args.duration + 120)
+        if proc.returncode != 0:
+            raise RuntimeError(f"client failed: {stderr[-2000:]}")
+        outs.append(json.loads(stdout.strip().splitlines()[-1]))
+    calls = sum(o["calls"] for o in outs)
+    sent = max(1, sum(o["calls_sent"] for o in outs))
+    lat = sorted(x for o in outs for x in o["lat_sample"])
+    errors: dict[str, int] = {}
+    for o in outs:
+        for k, v in o["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    client_cpu = sum(o["cpu_s"] or 0 for o in outs)
+    return {
+        "factor": factor,
+        "trajectories": n_traj,
+        "offered": offered,
+        "achieved": calls / args.duration,
+        "p50_ms": percentile(lat, 0.5) * 1000 if lat else None,
+        "p99_ms": percentile(lat, 0.99) * 1000 if lat else None,
+        "errors": errors,
+        "server_cpu_us": (cpu2 - cpu1) / max(1, calls) * 1e6,
+        "client_cpu_us": client_cpu / max(1, calls) * 1e6,
+        "server_cores": (cpu2 - cpu1) / args.duration,
+        "client_cores": client_cpu / args.duration,
+        "warmup_server_cores": (cpu1 - cpu0) / args.warmup,
+        # what the clients sent over their whole run: calls per batch POST, split POSTs
+        # and session releases per call
+        "mean_batch": sent / max(1, sum(o["posts"] for o in outs)),
+        "split_share": sum(o["splits"] for o in outs) / sent,
+        "release_share": sum(o["releases"] for o in outs) / sent,
+        "load_average": Path("/proc/loadavg").read_text().split()[0],
+    }
 
 
 # ------------------------------------------------------------------------------ printing
@@ -550,42 +710,42 @@ def report(
         print(f"  {key:<32} {value:,.3f}" if isinstance(value, float) else f"  {key:<32} {value}")
     print(
         f"\n## (b) model: replicas of {args.cores} cores / {args.ram_gb} GiB at 70 %, "
-        f"{args.rate} calls/s per trajectory, max_workers {args.max_workers}"
+        f"{args.rate} calls/s per trajectory, max_workers {args.max_workers}, a client process per 1,024"
     )
     print(
-        "| mix | N | replicas | binding | needs (cpu / memory / sandbox / sessions / slots / connections) |"
+        "| mix | N | replicas | binding | calls/POST | server µs/call | client cores "
+        "| needs (cpu / memory / sandbox / sessions / slots / connections) |"
     )
-    print("|---|---:|---:|---|---|")
+    print("|---|---:|---:|---|---:|---:|---:|---|")
     for r in table:
         needs = " / ".join(f"{v:g}" for v in r["needs"].values())
-        print(f"| {r['mix']} | {r['N']:,} | {r['replicas']} | {r['binding']} | {needs} |")
+        print(
+            f"| {r['mix']} | {r['N']:,} | {r['replicas']} | {r['binding']} | {r['calls_per_post']:g} "
+            f"| {r['server_us_per_call']:g} | {r['client_cores']:g} | {needs} |"
+        )
     if sim is None:
         return
+    cores = os.cpu_count() or 2
     print(
-        f"\n## (c) simulation: {args.replicas} replicas + {args.clients} client processes on "
-        f"{os.cpu_count()} cores, mix {args.sim_mix}; model predicts {sim['predicted']:,.0f} calls/s "
-        f"({sim['model_cpu_us']:.1f} µs server CPU per call)"
+        f"\n## (c) simulation: {args.replicas} replicas + {args.clients} client processes on {cores} cores, "
+        f"mix {args.sim_mix}; the model at {args.sim_batch:g} calls/POST predicts {sim['predicted']:,.0f} calls/s "
+        f"(server {sim['model_cpu_us']:.1f} + client {sim['model_client_us']:.1f} µs per call; "
+        f"{sim['replicas_only']:,.0f} with the clients elsewhere)"
     )
     print(
-        "| load x predicted | trajectories | offered calls/s | achieved calls/s | achieved / predicted | p50 ms | p99 ms "
-        "| errors | calls/POST | server µs/call (model at that batch) | client µs/call | server cores | client cores |"
+        "| load x predicted | trajectories | achieved calls/s | p50 | p99 | errors | calls/POST (model) "
+        "| split POSTs/call | server µs/call (model) | client µs/call (model) | server / client cores "
+        "| box calls/s, model at this batch | load avg |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for s in sim["steps"]:
         print(
-            f"| {s['factor']:.2f} | {s['trajectories']:,} | {s['offered']:,.0f} | {s['achieved']:,.0f} | "
-            f"{s['achieved'] / sim['predicted']:.2f} | {ms(s['p50_ms'])} | {ms(s['p99_ms'])} | "
-            f"{sum(s['errors'].values())} | {s['mean_batch']:.1f} | {s['server_cpu_us']:.1f} "
-            f"({s['model_server_us']:.1f}) | {s['client_cpu_us']:.1f} | "
-            f"{s['server_cores']:.2f} | {s['client_cores']:.2f} |"
+            f"| {s['factor']:.2f} | {s['trajectories']:,} | {s['achieved']:,.0f} | {ms(s['p50_ms'])} | "
+            f"{ms(s['p99_ms'])} | {sum(s['errors'].values())} | {s['mean_batch']:.1f} ({s['model_batch']:.1f}) | "
+            f"{s['split_share']:.2f} | {s['server_cpu_us']:.0f} ({s['model_server_us']:.0f}) | "
+            f"{s['client_cpu_us']:.0f} ({s['model_client_us']:.0f}) | "
+            f"{s['server_cores']:.2f} / {s['client_cores']:.2f} | {s['model_box']:,.0f} | {s['load_average']} |"
         )
-    first = sim["steps"][0]
-    cores = os.cpu_count() or 2
-    box = cores / ((first["server_cpu_us"] + first["client_cpu_us"]) / 1e6)
-    print(
-        f"\nwith the clients' CPU counted (the box's {cores} cores / (server + client µs per call at the "
-        f"lowest load)): {box:,.0f} calls/s = {box / sim['predicted']:.2f}x the replicas-only prediction"
-    )
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -624,7 +784,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=0.1, help="model: calls per second per trajectory")
     parser.add_argument("--replicas", type=int, default=3)
     parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--loads", default="0.1,0.25,0.5,1,1.5", help="offered load, times the prediction")
+    parser.add_argument("--loads", default="0.1,0.5,1,1.5", help="offered load, times the prediction")
     parser.add_argument(
         "--think-s", type=float, default=0.2, help="mean think time between a trajectory's calls"
     )

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
+import httpx
 import pytest
 
-from bench.capacity_model import Plan, ReplicaSpec, ToolKind, Workload, calls_per_s_per_trajectory, plan
+from bench.capacity import calc_call, cpu_per_request, fit_request_cost
+from bench.capacity_model import (
+    ClientCost,
+    Plan,
+    ReplicaSpec,
+    ToolKind,
+    Workload,
+    calls_per_post,
+    calls_per_s_per_trajectory,
+    plan,
+)
+from tests.support.server import running_server, server_config
 
 KINDS = {
     "calc": ToolKind(cpu_us=10.0),
@@ -63,8 +76,47 @@ def test_session_starts_are_spread_over_the_trajectory_calls() -> None:
     long = plan(
         Workload(1000, 1.0, {"python": 1.0}, calls_per_trajectory=100, calls_per_post=1e9), KINDS, REPLICA
     )
-    assert short.cpu_us_per_call == pytest.approx(300 + 5000, rel=1e-6)
-    assert long.cpu_us_per_call == pytest.approx(300 + 50, rel=1e-6)
+    release = REPLICA.release_cpu_us  # one DELETE at the trajectory's end, spread the same way
+    assert short.cpu_us_per_call == pytest.approx(300 + 5000 + release, rel=1e-6)
+    assert long.cpu_us_per_call == pytest.approx(300 + 50 + release / 100, rel=1e-6)
+
+
+def test_every_request_a_call_rides_on_is_counted_batch_split_and_release() -> None:
+    spec = ReplicaSpec(cores=8, ram_mb=32_768, post_cpu_us=200.0, release_cpu_us=150.0)
+    batched = plan(Workload(1000, 1.0, {"env": 1.0}, calls_per_post=8), KINDS, spec)
+    alone = plan(Workload(1000, 1.0, {"env": 1.0}, calls_per_post=1), KINDS, spec)
+    split = plan(Workload(1000, 1.0, {"env": 1.0}, calls_per_post=8, split_share=1.0), KINDS, spec)
+    stateless = plan(Workload(1000, 1.0, {"calc": 1.0}, calls_per_post=8), KINDS, spec)
+    env_call = 50.0 + 30.0 / 10 + 150.0 / 10  # its work, its session's start and release over 10 calls
+    assert batched.cpu_us_per_call == pytest.approx(env_call + 200 / 8)
+    assert alone.cpu_us_per_call == pytest.approx(env_call + 200)
+    assert split.cpu_us_per_call == pytest.approx(env_call + 200 / 8 + 200)  # a second POST per call
+    assert stateless.cpu_us_per_call == pytest.approx(10.0 + 200 / 8)  # no session, no release
+
+
+def test_requests_to_an_idle_replica_pay_the_wake_up_and_a_busy_one_does_not() -> None:
+    spec = ReplicaSpec(cores=8, ram_mb=32_768, post_cpu_us=100.0, wake_cpu_us=300.0, utilisation=0.7)
+    work = Workload(1000, 1.0, {"calc": 1.0}, calls_per_post=2)
+    assert plan(work, KINDS, spec, busy=0.0).cpu_us_per_call == pytest.approx(10 + (100 + 300) / 2)
+    assert plan(work, KINDS, spec, busy=1.0).cpu_us_per_call == pytest.approx(10 + 100 / 2)
+    at_target = plan(work, KINDS, spec).cpu_us_per_call  # the default: busy at the utilisation target
+    assert at_target == pytest.approx(10 + (100 + 300 * 0.3) / 2)
+
+
+def test_client_cost_counts_posts_and_calls_and_scales_with_the_rate() -> None:
+    client = ClientCost(post_cpu_us=300.0, call_cpu_us=20.0)
+    work = Workload(10_000, 0.5, {"calc": 1.0}, calls_per_post=4, split_share=0.5)
+    assert client.per_call_us(work) == pytest.approx(20 + 300 * (1 / 4 + 0.5))
+    result = plan(work, KINDS, REPLICA, client)
+    assert result.client_cores == pytest.approx(5000 * client.per_call_us(work) / 1e6)
+    assert plan(work, KINDS, REPLICA).client_cores == 0
+
+
+def test_calls_per_post_grows_with_the_rate_and_stops_at_max_batch() -> None:
+    assert calls_per_post(0) == 1.0  # an idle client sends each call at once
+    assert calls_per_post(500, window_s=0.002) == pytest.approx(2.0)
+    assert calls_per_post(500, window_s=0.012) == pytest.approx(7.0)  # a lagging loop batches more
+    assert calls_per_post(1e9, max_batch=256) == 256
 
 
 def test_slots_bind_for_slow_calls_by_littles_law() -> None:
@@ -111,8 +163,37 @@ def test_call_rate_from_generation_figures() -> None:
         (lambda: ReplicaSpec(ram_mb=512), "leave no room"),
         (lambda: ReplicaSpec(max_workers=0), "max_workers"),
         (lambda: calls_per_s_per_trajectory(0, 30), "tokens_per_turn"),
+        (lambda: Workload(10, 1.0, {"calc": 1.0}, split_share=-0.5), "split_share"),
+        (lambda: ReplicaSpec(release_cpu_us=-1), "release_cpu_us"),
+        (lambda: ReplicaSpec(wake_cpu_us=-1), "wake_cpu_us"),
+        (lambda: ClientCost(-1, 0), "ClientCost"),
+        (lambda: calls_per_post(-1), "calls_per_s"),
     ],
 )
 def test_bad_inputs_say_what_is_wrong(build, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def _counter(metrics: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith(name))
+
+
+def test_the_bench_measures_new_calls_never_a_replay_or_a_cache_hit() -> None:
+    # An earlier bench re-sent the same call_ids in every repeat and kept the best: it
+    # measured the idempotency store (~6 µs a call), not the tools, and the model was 17-23x
+    # too optimistic. Every call it sends must run.
+    with running_server(server_config()) as server:
+        for _ in range(2):
+            asyncio.run(cpu_per_request(server.url, server.proc.pid, calc_call, 6, 8))
+        metrics = httpx.get(server.url + "/metrics").text
+    assert "toolfactory_idempotent_replays_total " in metrics  # the counter exists (a replay adds 1)
+    assert _counter(metrics, "toolfactory_idempotent_replays_total") == 0
+    assert _counter(metrics, "toolfactory_cache_hits_total") == 0
+    assert _counter(metrics, 'toolfactory_calls_total{outcome="ok",tool="calculator"}') == 2 * 6 * 8
+
+
+def test_request_cost_fit_recovers_a_fixed_part_and_a_per_call_part() -> None:
+    fixed, per_call = fit_request_cost({1: 150.0, 8: 360.0, 64: 2040.0})  # 120 + 30 x batch
+    assert fixed == pytest.approx(120.0)
+    assert per_call == pytest.approx(30.0)
