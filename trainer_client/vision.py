@@ -38,6 +38,7 @@ __all__ = [
 IMAGE = "image"
 TEXT_ONLY = "the model reads text only"
 NOT_SHOWN = "[image not shown ({what}): {why}]"
+_PREFIX_CACHE_SIZE = 512  # processor-tokenized synthetic prefixes, per tool-name tuple
 
 
 def image_blocks(content: Any) -> list[dict[str, Any]]:
@@ -146,7 +147,11 @@ class VisionChatRenderer(ChatTemplateRenderer):
         self.image_token_id = _image_token_id(processor, tokenizer)
         self._processor_prefix: dict[Any, list[int]] = {}
         self._placeholder_extra: int | None = None
-        super().__init__(tokenizer, chat_template_kwargs=chat_template_kwargs, memo_size=memo_size)
+        # The processor's chat template where it has one (veRL renders VL prompts with it).
+        template_kwargs = dict(chat_template_kwargs or {})
+        if getattr(processor, "chat_template", None):
+            template_kwargs.setdefault("chat_template", processor.chat_template)
+        super().__init__(tokenizer, chat_template_kwargs=template_kwargs, memo_size=memo_size)
 
     def render_text(
         self,
@@ -155,14 +160,8 @@ class VisionChatRenderer(ChatTemplateRenderer):
         add_generation_prompt: bool,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        template = getattr(self.processor, "chat_template", None) or self.tokenizer.chat_template
-        return self.tokenizer.apply_chat_template(
-            _placeholders(messages),
-            chat_template=template,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-            tools=tools,
-            **self.chat_template_kwargs,
+        return super().render_text(
+            _placeholders(messages), add_generation_prompt=add_generation_prompt, tools=tools
         )
 
     def prompt_ids(
@@ -187,6 +186,8 @@ class VisionChatRenderer(ChatTemplateRenderer):
         key = entry.key
         prefix = self._processor_prefix.get(key)
         if prefix is None:
+            if len(self._processor_prefix) >= _PREFIX_CACHE_SIZE:
+                self._processor_prefix.clear()
             prefix = self._processor_prefix[key] = self._processor_ids(entry.text, [])
         if ids[: len(prefix)] != prefix:
             raise ValueError(

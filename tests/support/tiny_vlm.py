@@ -25,6 +25,15 @@ MERGE = 2
 MIN_PIXELS = 4 * 28 * 28
 MAX_PIXELS = 64 * 28 * 28
 
+ZOOM = {  # the tool the tests' invoker plays: text and images per call
+    "type": "function",
+    "function": {
+        "name": "zoom",
+        "description": "Zoom on a box.",
+        "parameters": {"type": "object", "properties": {"what": {"type": "string"}}},
+    },
+}
+
 _CONTENT = (
     "{%- macro render(content) -%}"
     "{%- if content is string -%}{{- content -}}"

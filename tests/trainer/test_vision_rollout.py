@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from tests.support.require import require
-from tests.support.tiny_vlm import ImageInvoker, png_block, tiny_model, tiny_processor
+from tests.support.tiny_vlm import ZOOM, ImageInvoker, png_block, tiny_model, tiny_processor
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.cli import trajectory_record
 from trainer_client.dataset import TaskRow
@@ -31,15 +31,6 @@ from trainer_client.vision import decode_image, training_inputs
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
 torch = require("torch", reason="torch is needed for the tiny VLM")
-
-ZOOM = {
-    "type": "function",
-    "function": {
-        "name": "zoom",
-        "description": "Zoom on a box.",
-        "parameters": {"type": "object", "properties": {"what": {"type": "string"}}},
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ trainer sees line up.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -31,21 +32,13 @@ require("fastapi")  # veRL's agent loop imports it without declaring it
 require("PIL")
 torch = require("torch")
 
-from tests.support.tiny_vlm import ImageInvoker, png_block, tiny_model, tiny_processor  # noqa: E402
+from tests.support.tiny_vlm import ZOOM, ImageInvoker, png_block, tiny_model, tiny_processor  # noqa: E402
+from tests.trainer.test_verl_agreement import verl_replay as text_replay  # noqa: E402
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # noqa: E402
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory  # noqa: E402
 from trainer_client.verl_agent_loop import ToolFactoryAgentLoop  # noqa: E402
 from trainer_client.verl_config import LoopSettings  # noqa: E402
 from trainer_client.vision import decode_image, image_blocks, training_inputs  # noqa: E402
-
-ZOOM = {
-    "type": "function",
-    "function": {
-        "name": "zoom",
-        "description": "Zoom on a box.",
-        "parameters": {"type": "object", "properties": {"what": {"type": "string"}}},
-    },
-}
 
 
 @pytest.fixture(scope="module")
@@ -112,34 +105,10 @@ def verl_form(message: dict[str, Any]) -> dict[str, Any]:
 def verl_replay(
     builder: Any, tr: Trajectory, generator: ScriptedGenerator
 ) -> tuple[list[int], list[int], list[float]]:
-    tools = tr.task.tools
-    messages = list(tr.task.messages)
-    runtime = builder.build_initial_tokens(messages, tools=tools)
-    assert runtime == tr.prompt_ids
-    mask: list[int] = []
-    logprobs: list[float] = []
-    outputs = iter(generator.calls_for(tr.session_id))
-    i = len(messages)
-    while i < len(tr.messages):
-        if tr.messages[i]["role"] == "assistant":
-            out = next(outputs).output
-            merge = builder.merge_assistant_tokens(runtime, out.token_ids)
-            mask, logprobs = builder.align_response_metadata(
-                merge, mask, logprobs, assistant_logprobs=out.log_probs
-            )
-            messages.append(tr.messages[i])
-            i += 1
-        else:
-            j = i
-            while j < len(tr.messages) and tr.messages[j]["role"] == "tool":
-                j += 1
-            previous = list(messages)
-            messages.extend(verl_form(m) for m in tr.messages[i:j])
-            merge = builder.merge_context_tokens(previous, messages, runtime, tools=tools)
-            mask, logprobs = builder.align_response_metadata(merge, mask, logprobs)
-            i = j
-        runtime = merge.token_ids
-    return runtime[len(tr.prompt_ids) :], mask, logprobs
+    """The text replay of test_verl_agreement, on the messages in veRL's form."""
+    return text_replay(
+        builder, dataclasses.replace(tr, messages=[verl_form(m) for m in tr.messages]), generator
+    )
 
 
 @pytest.mark.parametrize(
