@@ -1,7 +1,7 @@
 """``trainer-client show``: image observations marked, each call's figures and the verifier's details.
 
-The records are in the format of docs/images.md ("Images in trajectories"): a tool message
-with images has a list of MCP content blocks, the image's base64 inline.
+The record (``tests.workbench.rollouts.image_record``, shared with the workbench's test) is
+in the format of docs/images.md ("Images in trajectories").
 """
 
 from __future__ import annotations
@@ -12,62 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from protocol.images import image_block
-from tests.support.image_tools import expected_picture
+from tests.workbench.rollouts import image_record
 from trainer_client.cli import main
 
 pytest.importorskip("PIL", reason="Pillow (images extra) renders the test picture")
-
-
-def image_record() -> dict:
-    png = expected_picture(640, 480, seed=3)
-    jpeg = expected_picture(32, 16, seed=4, fmt="jpeg")
-    return {
-        "id": "s-img",
-        "index": 0,
-        "sample": 0,
-        "data_source": "env/image",
-        "reward": 1.0,
-        "reward_components": {"answer": 1.0},
-        "reward_details": {"matched": ["label 7"], "zoomed": True},
-        "stop_reason": "answer",
-        "num_turns": 5,
-        "messages": [
-            {"role": "user", "content": "Read the label."},
-            {"role": "assistant", "content": "<tool_call>zoom</tool_call>"},
-            {
-                "role": "tool",
-                "name": "zoom",
-                "content": [
-                    {"type": "text", "text": "Zoom on (0, 0)-(64, 48), 10x."},
-                    image_block(png),
-                    image_block(jpeg),
-                ],
-            },
-            {"role": "assistant", "content": "<tool_call>rotate</tool_call>"},
-            {"role": "tool", "name": "rotate", "content": "Error (invalid_arguments): angle must be 90"},
-            {"role": "assistant", "content": "<answer>7</answer>"},
-        ],
-        "calls": [
-            {"turn": 1, "message": 2, "name": "zoom", "elapsed_ms": 12.5, "cached": True, "error": None},
-            {
-                "turn": 2,
-                "message": 4,
-                "name": "rotate",
-                "elapsed_ms": 0.4,
-                "cached": False,
-                "error": "invalid_arguments",
-            },
-            {"turn": 3, "message": 6, "name": "zoom", "elapsed_ms": 0.0, "cached": False, "error": None},
-        ],
-        "num_prompt_messages": 1,
-        "segments": [
-            {"model": True, "text": "<tool_call>zoom</tool_call>"},
-            {"model": False, "text": "<|vision_start|><|image_pad|>×420<|vision_end|>"},
-        ],
-        "response_ids": [1, 2, 3],
-        "response_mask": [1, 0, 0],
-    }
 
 
 def show(tmp_path: Path, record: dict, capsys: pytest.CaptureFixture[str]) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.support.server import ServerProcess, running_server, server_config
 from tests.workbench.conftest import screenshot
-from tests.workbench.rollouts import scripted_rollout
+from tests.workbench.rollouts import image_record, scripted_rollout
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +22,10 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # the same trajectories 120 times over: 720 lines, more than a page
     (runs / "big").mkdir()
     (runs / "big" / "many.jsonl").write_bytes(rollout.read_bytes() * 120)
+    # as written before the rollout recorded each call and the verifier's details
+    old = [{k: v for k, v in r.items() if k not in ("calls", "reward_details")} for r in records(rollout)]
+    (runs / "old.jsonl").write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in old))
+    (runs / "images.jsonl").write_bytes(orjson.dumps(image_record()) + b"\n")
     return runs
 
 
@@ -68,6 +72,105 @@ def test_every_token_is_coloured_by_its_response_mask(server, runs_dir, open_pag
     assert "math_equal" in page.inner_text("[data-components]")
     page.eval_on_selector("[data-trajectory]", "e => e.scrollIntoView()")
     screenshot(page, "trajectories")
+
+
+def shown_calls(page) -> list[dict]:
+    return page.eval_on_selector_all(
+        "[data-trajectory] .turn [data-call]",
+        """els => els.map(e => ({turn: Number(e.dataset.call), elapsed_ms: Number(e.dataset.elapsed),
+            cached: e.dataset.cached === '1', error: e.dataset.error || null,
+            role: e.closest('.turn').dataset.role, text: e.textContent}))""",
+    )
+
+
+def test_each_call_has_its_latency_cache_hit_and_error_beside_its_result(server, runs_dir, open_page) -> None:
+    written = records(runs_dir / "scripted.jsonl")
+    # the real rollout has all three: a fresh call, the same call answered from the cache, a failed one
+    cases = {
+        "fresh": next(
+            n
+            for n, r in enumerate(written)
+            if r["calls"] and not r["calls"][0]["cached"] and not r["calls"][0]["error"]
+        ),
+        "cached": next(n for n, r in enumerate(written) if r["calls"] and r["calls"][0]["cached"]),
+        "failed": next(n for n, r in enumerate(written) if r["calls"] and r["calls"][0]["error"]),
+    }
+    page, _ = open_page(f"{server.url}/ui/#/trajectories/scripted.jsonl/{cases['fresh']}")
+    for case, line in cases.items():
+        page.goto(f"{server.url}/ui/#/trajectories/scripted.jsonl/{line}")
+        page.wait_for_selector(f"[data-trajectory] [data-line='{line}'] [data-call]")
+        record = written[line]
+        shown = shown_calls(page)
+        assert [(c["turn"], c["cached"], c["error"]) for c in shown] == [
+            (c["turn"], c["cached"], c["error"]) for c in record["calls"]
+        ], case
+        assert [c["elapsed_ms"] for c in shown] == pytest.approx([c["elapsed_ms"] for c in record["calls"]])
+        assert all(c["role"] == "tool" for c in shown)
+        # the call sits on the turn of its result (the message it indexes)
+        turns = page.eval_on_selector_all(
+            "[data-line] > .turn", "els => els.map(e => !!e.querySelector('[data-call]'))"
+        )
+        start = record["num_prompt_messages"]
+        assert [n + start for n, has in enumerate(turns) if has] == [c["message"] for c in record["calls"]]
+        assert ("cache hit" in shown[0]["text"]) == (case == "cached")
+        assert (f"error: {record['calls'][0]['error']}" in shown[0]["text"]) == (case == "failed")
+        failed = page.eval_on_selector_all("[data-line] > .turn.failed", "els => els.length")
+        assert failed == (1 if case == "failed" else 0)
+        # the verifier's details beside the reward components
+        details = page.eval_on_selector_all(
+            "[data-details] tr[data-detail]", "els => els.map(e => e.dataset.detail)"
+        )
+        assert details == list(record["reward_details"]) and details
+        assert (
+            page.inner_text("[data-details] tr[data-detail='answer'] td:last-child")
+            == record["reward_details"]["answer"]
+        )
+        assert "golds" in page.inner_text("[data-details]") and record["reward_details"]["golds"][
+            0
+        ] in page.inner_text("[data-details]")
+
+
+def test_a_file_from_before_calls_and_details_were_recorded_still_opens(server, runs_dir, open_page) -> None:
+    written = records(runs_dir / "old.jsonl")
+    line = next(n for n, r in enumerate(written) if r["metrics"]["tool_errors"])
+    page, _ = open_page(f"{server.url}/ui/#/trajectories/old.jsonl/{line}")
+    page.wait_for_selector("[data-trajectory] [data-tokens] .tok")
+    assert shown_calls(page) == []
+    assert page.query_selector("[data-line] > .turn.failed") is not None  # told from the result's text
+    assert "no verifier details in this record" in page.inner_text("[data-trajectory]")
+    assert "math_equal" in page.inner_text("[data-components]")
+
+
+def test_images_are_shown_inline(server, runs_dir, open_page) -> None:
+    record = records(runs_dir / "images.jsonl")[0]
+    page, _ = open_page(f"{server.url}/ui/#/trajectories/images.jsonl/0")
+    page.wait_for_selector("[data-trajectory] figure.image img[data-size]")
+    page.wait_for_function(
+        "document.querySelectorAll('[data-trajectory] figure.image img[data-size]').length === 2"
+    )
+    images = page.eval_on_selector_all(
+        "[data-trajectory] .turn figure.image",
+        """els => els.map(f => { const img = f.querySelector('img'); const box = img.getBoundingClientRect();
+            return {size: img.dataset.size, src: img.src, caption: f.querySelector('figcaption').textContent,
+                    width: box.width, height: box.height}; })""",
+    )
+    blocks = [b for b in record["messages"][2]["content"] if b["type"] == "image"]
+    assert [i["src"] for i in images] == [f"data:{b['mimeType']};base64,{b['data']}" for b in blocks]
+    assert [i["size"] for i in images] == ["640x480", "32x16"]  # decoded by the browser
+    assert images[0]["caption"].startswith("image 1: image/png 640x480, ") and images[0]["caption"].endswith(
+        " KB"
+    )
+    assert images[1]["caption"] == "image 2: image/jpeg 32x16, 1 KB"
+    assert images[0]["height"] <= 480 and images[0]["width"] <= 640  # sized to the page, never beyond
+    assert images[1]["width"] == 32  # a small one is not blown up
+    # the text block beside them, the calls' figures, the cut call in the calls table
+    assert "Zoom on (0, 0)-(64, 48), 10x." in page.inner_text("[data-role=tool]")
+    assert [(c["cached"], c["error"]) for c in shown_calls(page)] == [
+        (True, None),
+        (False, "invalid_arguments"),
+    ]
+    page.click("[data-calls-table] summary")
+    assert "not shown: the response budget ended first" in page.inner_text("[data-calls-table]")
 
 
 def test_filters_and_paging_happen_on_the_server(server, runs_dir, open_page) -> None:

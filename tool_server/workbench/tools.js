@@ -1,6 +1,7 @@
 // Tools: every tool the token may use, its descriptor and schema, a form to call it, snippets.
 import { api } from "./api.js";
 import { arrowKeys, clear, el, fmt, pretty, snippet, toast } from "./dom.js";
+import { contentBlock } from "./blocks.js";
 import { schemaForm } from "./form.js";
 import { openSession, releaseSession, sessions } from "./sessions.js";
 import { curlSnippet, mcpServersSnippet, mcpSnippet } from "./snippets.js";
@@ -161,10 +162,4 @@ function drawResult(box, result, roundTripMs) {
     el("h4", { text: "content" }),
     (result.content || []).map(contentBlock),
     result.structured !== null && result.structured !== undefined ? [el("h4", { text: "structured output" }), el("pre.json", { dataset: { structured: "" }, text: pretty(result.structured) })] : null);
-}
-
-function contentBlock(block) {
-  if (block.type === "text") return el("pre.block.text", { dataset: { content: "text" }, text: block.text });
-  if (block.type === "image") return el("img.block", { src: `data:${block.mimeType};base64,${block.data}`, alt: "image content", dataset: { content: "image" } });
-  return el("pre.block", { dataset: { content: block.type }, text: pretty(block) });
 }

@@ -1,6 +1,7 @@
 // Trajectories: a rollout JSONL paged and filtered on the server, one trajectory as the model saw it.
 import { api } from "./api.js";
-import { arrowKeys, clear, el, fmt, pretty, toast } from "./dom.js";
+import { arrowKeys, clear, el, fmt, toast } from "./dom.js";
+import { trajectoryView } from "./trajectory_view.js";
 
 const PAGE = 50;
 const COLUMNS = ["#", "id", "data source", "prompt", "sample", "reward", "stop", "turns", "calls", "tool errors", "tokens (model)"];
@@ -125,81 +126,4 @@ export async function mount(main, args) {
       detail.scrollIntoView({ block: "start" });
     },
   };
-}
-
-// Runs of equal mask: [{ model, start, end }] (end exclusive), the same runs as the record's segments.
-function runs(mask) {
-  const out = [];
-  mask.forEach((m, i) => {
-    if (!out.length || out[out.length - 1].model !== Boolean(m)) out.push({ model: Boolean(m), start: i, end: i + 1 });
-    else out[out.length - 1].end = i + 1;
-  });
-  return out;
-}
-
-function tokenView(record, texts) {
-  const ids = record.response_ids || [];
-  const mask = record.response_mask || [];
-  const logprobs = record.response_logprobs || [];
-  const box = el("div.tokens", { dataset: { tokens: texts ? "per-token" : "per-segment" } });
-  if (texts) {
-    ids.forEach((id, i) => {
-      const model = Boolean(mask[i]);
-      const lp = logprobs[i];
-      box.append(el(`span.tok.${model ? "model" : "obs"}`, {
-        dataset: { i: String(i), mask: model ? "1" : "0" },
-        title: `token ${i} · id ${id} · ${model ? "model (mask 1)" : "observation (mask 0)"}${model && lp !== undefined && lp !== null ? ` · logprob ${Number(lp).toFixed(3)}` : ""}`,
-        text: texts[i],
-      }));
-    });
-  } else {
-    // No tokenizer on the server: each run's decoded text (the record's segments), its token range on hover.
-    const segments = record.segments || [];
-    runs(mask).forEach((run, n) => {
-      box.append(el(`span.tok.${run.model ? "model" : "obs"}`, {
-        dataset: { start: String(run.start), end: String(run.end), mask: run.model ? "1" : "0" },
-        title: `tokens ${run.start}–${run.end - 1} (${run.end - run.start} ${run.model ? "model" : "observation"} tokens) · ids ${ids.slice(run.start, Math.min(run.end, run.start + 40)).join(" ")}${run.end - run.start > 40 ? " …" : ""}`,
-        text: segments[n] ? segments[n].text : `‹${run.end - run.start} tokens›`,
-      }));
-    });
-  }
-  return box;
-}
-
-function turnView(message) {
-  const failed = message.role === "tool" && typeof message.content === "string" && /^Error \(/.test(message.content);
-  const content = typeof message.content === "string" ? message.content : pretty(message.content);
-  return el(`div.turn.${message.role}${failed ? ".failed" : ""}`, { dataset: { role: message.role } },
-    el("div.role", { text: message.role === "tool" ? `tool result · ${message.name || ""}${failed ? " · failed" : ""}` : message.role }),
-    el("pre", { text: content }),
-    message.tool_calls ? el("pre.json", { text: pretty(message.tool_calls) }) : null);
-}
-
-function trajectoryView(answer) {
-  const r = answer.record;
-  const mask = r.response_mask || [];
-  const model = mask.filter(Boolean).length;
-  const messages = r.messages || [];
-  const start = r.num_prompt_messages ?? 0;
-  const metrics = r.metrics || {};
-  const components = Object.entries(r.reward_components || {});
-  return el("div.panel", { dataset: { line: String(answer.line) } },
-    el("div.cards", {},
-      [["reward", fmt(r.reward)], ["stop reason", r.stop_reason], ["turns", fmt(r.num_turns)], ["tool calls", fmt(metrics.calls)], ["tool errors", fmt(metrics.tool_errors)],
-        ["tokens model / obs", `${fmt(model)} / ${fmt(mask.length - model)}`], ["tool time s", fmt(metrics.tool_s)], ["generate s", fmt(metrics.generate_s)]]
-        .map(([label, value]) => el("div.card", {}, el("div.value", { text: value }), el("div.label", { text: label })))),
-    el("p", {}, el("b", { text: "id " }), r.id || "–", el("b", { text: " · data source " }), r.data_source || "–", el("b", { text: " · prompt " }), fmt(r.index), el("b", { text: " · sample " }), fmt(r.sample)),
-    el("p", {}, el("b", { text: "final answer " }), JSON.stringify(r.final_answer), el("b", { text: " · ground truth " }), JSON.stringify(r.ground_truth)),
-    r.error ? el("p.error", { text: `error: ${r.error}` }) : null,
-    components.length ? el("table", { dataset: { components: "" } }, el("thead", {}, el("tr", {}, el("th", { text: "reward component" }), el("th.num", { text: "value" }))),
-      el("tbody", {}, components.map(([k, v]) => el("tr", {}, el("td", { text: k }), el("td.num", { text: fmt(v) }))))) : null,
-    metrics.verify_error ? el("p.error", { text: `verifier: ${metrics.verify_error}` }) : null,
-    el("h4", { text: "as the model saw it" }),
-    el("p.legend", {}, el("span.tok.model", { text: "model tokens (mask 1, trained on)" }), el("span.tok.obs", { text: "observation tokens (mask 0)" }),
-      el("span.muted", { text: answer.token_texts ? "hover a token: its index, id, logprob" : "hover a run: its token range and ids (set workbench.tokenizer for single tokens)" })),
-    tokenView(r, answer.token_texts),
-    el("h4", { text: "turns: tool calls and their results" }),
-    messages.slice(start).map(turnView),
-    el("details", {}, el("summary", { text: `prompt (${start} messages)` }), messages.slice(0, start).map(turnView)),
-    el("details", {}, el("summary", { text: "metrics" }), el("pre.json", { text: pretty(metrics) })));
 }
