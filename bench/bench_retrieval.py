@@ -12,15 +12,19 @@ Measured, side by side in one run:
 * build (``python -m tools.search_index build``, a child process): wall time, peak RSS;
   size on disk by part;
 * in process, on the same memory-mapped arrays and the same tokenised queries: our scorer
-  (every posting of the query's terms, one query per core at a time), the same with
-  early termination over impact-ordered postings, and ``bm25s.BM25.retrieve`` (numpy
-  backend), single queries and batches; agreement of the top k;
+  (tools/search_topk.py, one query per core at a time) and ``bm25s.BM25.retrieve`` (numpy
+  backend), single queries and batches, and our CPU time per query (less sensitive to a
+  busy machine than q/s); agreement of the top k;
 * a real ``tool-server`` with ``args: {index: DIR}``: RSS/PSS/USS after start and after
   serving, q/s through ``POST /retrieve`` (Search-R1's API) one query per request and 64;
 * Pyserini (Lucene, what Search-R1 uses) on the same passages and queries, when
   ``--pyserini-python`` names an interpreter that has it (bench/README.md says how).
 
     .venv/bin/python bench/bench_retrieval.py --passages 1000000 --workdir /tmp/retrieval
+    .venv/bin/python bench/bench_retrieval.py --passages 1000000 --workdir /tmp/retrieval --quick
+
+``--quick`` (about a minute at 1M) needs the corpus and index of an earlier run in the
+workdir, and gives bm25s fewer queries.
 """
 
 from __future__ import annotations
@@ -117,31 +121,36 @@ def rate(fn, items: list, batch: int) -> float:  # type: ignore[no-untyped-def]
     return len(items) / (time.perf_counter() - start)
 
 
-def in_process(index_dir: Path, queries: list[str], k: int) -> None:
+def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int) -> None:
     import bm25s
 
     from tools.search import open_saved_index
 
     ours, _ = open_saved_index(index_dir)
-    pruned, _ = open_saved_index(index_dir, early_termination=True)
     theirs = bm25s.BM25.load(str(index_dir / "bm25"), mmap=True, show_progress=False)
     tokenized = [ours.tokenizer(q) for q in queries]
     safe = [t or ["the"] for t in tokenized]  # bm25s refuses a query with no known token
-    ours.search(queries[:256], k)  # the page cache: every variant reads the same files
-    pruned.search(queries[:256], k)
+    ours.search(queries, k)  # the page cache and the memory maps: both read the same files
 
     def bm25s_retrieve(tokens: list[list[str]], threads: int = 0) -> None:
         theirs.retrieve(tokens, k=k, show_progress=False, n_threads=threads)
 
-    print(f"\nin process, memory-mapped, {len(queries)} queries (bm25s: an eighth of them), topk {k}, q/s")
-    print(f"{'':<16}{'ours':>8}{'ours, early stop':>18}{'bm25s':>8}{'ours/bm25s':>12}")
+    print(
+        f"\nin process, memory-mapped, {len(queries)} queries (bm25s: 1/{bm25s_share} of them), topk {k}, q/s"
+    )
+    print(f"{'':<16}{'ours':>8}{'bm25s':>8}{'ours/bm25s':>12}")
     for batch in (1, 64, 1024):
         share = queries[:300] if batch == 1 else queries
         a = rate(lambda qs: ours.search(qs, k), share, batch)
-        p = rate(lambda qs: pruned.search(qs, k), share, batch)
-        b = rate(bm25s_retrieve, safe[: len(share) // 8], batch)
-        print(f"{f'batch of {batch}':<16}{a:>8.0f}{p:>18.0f}{b:>8.0f}{a / b:>11.1f}x")
-    threaded = rate(lambda ts: bm25s_retrieve(ts, threads=2), safe[:256], 256)
+        b = rate(bm25s_retrieve, safe[: max(len(share) // bm25s_share, 1)], batch)
+        print(f"{f'batch of {batch}':<16}{a:>8.0f}{b:>8.0f}{a / b:>11.1f}x")
+    ids = [ours.token_ids(q) for q in queries]
+    cpu = time.process_time()
+    for tokens in ids:
+        ours._search_one(tokens, k)
+    cpu = (time.process_time() - cpu) / len(ids)
+    print(f"ours, one thread: {cpu * 1e3:.2f} ms CPU a query ({1 / cpu:.0f} q/s a core when it has the core)")
+    threaded = rate(lambda ts: bm25s_retrieve(ts, threads=2), safe[: max(2048 // bm25s_share, 2)], 256)
     print(f"bm25s with n_threads=2, batch of 256: {threaded:.0f} q/s")
     # agreement: bm25s sums in float32 and breaks ties arbitrarily, we sum in float64 and
     # break ties by corpus order, so compare the scores of the top k, not the documents
@@ -149,8 +158,11 @@ def in_process(index_dir: Path, queries: list[str], k: int) -> None:
     _, scores = theirs.retrieve(safe[:200], k=k, show_progress=False)
     known = [i for i, t in enumerate(tokenized[:200]) if t]
     same = sum(np.allclose([h.score for h in mine[i]], scores[i][: len(mine[i])], rtol=1e-5) for i in known)
-    print(f"same top-{k} scores as bm25s: {same}/{len(known)} queries; early stop = ours: "
-          f"{pruned.search(queries[:200], k) == mine}")  # fmt: skip
+    print(f"same top-{k} scores as bm25s: {same}/{len(known)} queries")
+    rss = psutil.Process().memory_info().rss
+    print(
+        f"this process's RSS after all of the above: {rss / 2**30:.2f} GB (both scorers mapped the same files)"
+    )
 
 
 def served(index_dir: Path, queries: list[str], k: int) -> None:
@@ -206,11 +218,18 @@ def main() -> None:
     parser.add_argument("--rebuild", action="store_true", help="rebuild the index even if one is there")
     parser.add_argument("--pyserini-python", help="an interpreter with pyserini installed (and Java)")
     parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="reuse the corpus and index in the workdir; bm25s gets 1/32 of the queries",
+    )
     args = parser.parse_args()
 
     args.workdir.mkdir(parents=True, exist_ok=True)
     corpus = args.workdir / f"passages-{args.passages}-seed{args.seed}.jsonl"
     index = args.workdir / f"index-{args.passages}-seed{args.seed}"
+    if args.quick and not (index / "manifest.json").is_file():
+        parser.error(f"--quick reuses an index, and {index} has none: run once without --quick")
     if not corpus.is_file():
         start = time.perf_counter()
         synthesise(corpus, args.passages, args.seed)
@@ -229,7 +248,8 @@ def main() -> None:
 
     questions = fanout_questions()
     queries = (questions * (args.queries // max(len(questions), 1) + 1))[: args.queries]
-    in_process(index, queries, args.topk)
+    print(f"load average at the start: {os.getloadavg()[0]:.1f}")
+    in_process(index, queries, args.topk, 32 if args.quick else 8)
     if not args.skip_server:
         served(index, queries, args.topk)
     if args.pyserini_python:

@@ -33,8 +33,8 @@ from bm25s.stopwords import STOPWORDS_EN
 from protocol import ErrorKind, ToolError, ToolOutput, tool
 from tools.corpus import Document, builtin_corpus, cache_dir, file_digest, load_corpus
 from tools.dense_search import reciprocal_rank_fusion
-from tools.search_index import BM25_DIR, IMPACT_DOCS, IMPACT_SCORES, DocStore, SearchIndexError, load_manifest
-from tools.search_topk import ImpactScorer
+from tools.search_index import BM25_DIR, TERM_MAX, DocStore, SearchIndexError, load_manifest
+from tools.search_topk import PostingScorer, term_maxima
 
 logger = logging.getLogger(__name__)
 
@@ -93,20 +93,10 @@ class Hit:
 
 
 class BM25Index:
-    """A bm25s index plus the vectorised batch scorer.
+    """A bm25s index plus two exact scorers: small corpora in vectorised batches, large ones
+    one query at a time on every core (tools/search_topk.py); both give the same hits."""
 
-    With ``impact`` (each term's postings ordered by score, as a saved index has them,
-    tools/search_index.py), a large corpus is searched with early termination
-    (tools/search_topk.py) instead of scoring every document; the result, ties included,
-    is the exhaustive scorer's.
-    """
-
-    def __init__(
-        self,
-        retriever: bm25s.BM25,
-        tokenizer: Tokenizer,
-        impact: tuple[np.ndarray, np.ndarray] | None = None,
-    ) -> None:
+    def __init__(self, retriever: bm25s.BM25, tokenizer: Tokenizer, maxima: np.ndarray | None = None) -> None:
         if retriever.nonoccurrence_array is not None:
             raise ValueError(
                 "only BM25 variants without a non-occurrence term are supported (lucene, robertson)"
@@ -122,11 +112,9 @@ class BM25Index:
         self._workers = min(8, os.cpu_count() or 1)
         self._executor: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._pruner = (
-            ImpactScorer(self._indptr, self._indices, self._data, *impact, self.num_docs)
-            if impact is not None
-            else None
-        )
+        if maxima is None:  # an index in memory: its scores are at hand
+            maxima = term_maxima(self._indptr, self._data)
+        self._one = PostingScorer(self._indptr, self._indices, self._data, maxima, self.num_docs)
 
     @classmethod
     def build(cls, texts: list[str], tokenizer: Tokenizer, *, k1: float = 1.5, b: float = 0.75) -> BM25Index:
@@ -139,20 +127,10 @@ class BM25Index:
         return cls(bm25s.BM25.load(str(directory), show_progress=False), tokenizer)
 
     @classmethod
-    def open_saved(
-        cls, directory: Path, tokenizer: Tokenizer, *, early_termination: bool = False
-    ) -> BM25Index:
+    def open_saved(cls, directory: Path, tokenizer: Tokenizer) -> BM25Index:
         """A saved index (tools/search_index.py), memory-mapped: pages are read as queries touch them."""
         retriever = bm25s.BM25.load(str(directory / BM25_DIR), mmap=True, show_progress=False)
-        impact = (
-            (
-                np.load(directory / IMPACT_DOCS, mmap_mode="r"),
-                np.load(directory / IMPACT_SCORES, mmap_mode="r"),
-            )
-            if early_termination
-            else None
-        )
-        return cls(retriever, tokenizer, impact)
+        return cls(retriever, tokenizer, np.load(directory / TERM_MAX))
 
     def save(self, directory: Path) -> None:
         """Save atomically: build in a temporary directory, then rename it into place."""
@@ -192,25 +170,7 @@ class BM25Index:
             return self._executor
 
     def _search_one(self, ids: np.ndarray, k: int) -> list[Hit]:
-        if self._pruner is not None:
-            found = self._pruner.top_k(ids, k)
-            if found is not None:  # None: only common terms, where scoring everything is cheaper
-                return [Hit(doc, score) for doc, score in found]
-        return self._score_one(ids, k)
-
-    def _score_one(self, ids: np.ndarray, k: int) -> list[Hit]:
-        """One query against every document: the same sums as ``_score``, cheaper for a large corpus.
-
-        The postings of each term are contiguous slices: no position arrays are built.
-        """
-        if not len(ids):
-            return []
-        bounds = list(zip(self._indptr[ids].tolist(), self._indptr[ids + 1].tolist(), strict=True))
-        docs = np.concatenate([self._indices[a:b] for a, b in bounds]).astype(np.intp)
-        weights = np.concatenate([self._data[a:b] for a, b in bounds])
-        scores = np.bincount(docs, weights=weights, minlength=self.num_docs)
-        top, values = _top_k(scores[None, :], min(k, self.num_docs))
-        return [Hit(d, s) for d, s in zip(top[0].tolist(), values[0].tolist(), strict=True) if s > 0]
+        return [Hit(doc, score) for doc, score in self._one.top_k(ids, min(k, self.num_docs))]
 
     def _score(self, ids: list[np.ndarray], k: int) -> list[list[Hit]]:
         n = self.num_docs
@@ -291,7 +251,7 @@ def open_index(
     return index
 
 
-def open_saved_index(directory: Path, *, early_termination: bool = False) -> tuple[BM25Index, DocStore]:
+def open_saved_index(directory: Path) -> tuple[BM25Index, DocStore]:
     """A saved index (tools/search_index.py) and its passages, both memory-mapped."""
     manifest = load_manifest(directory)
     stemmer = None if manifest.tokenizer == "nostem" else manifest.tokenizer.removeprefix("stem-")
@@ -301,7 +261,7 @@ def open_saved_index(directory: Path, *, early_termination: bool = False) -> tup
             f"{directory} was built with tokenizer {manifest.tokenizer!r}, but here it would be {tokenizer.name!r}"
         )
     documents = DocStore(directory)
-    index = BM25Index.open_saved(directory, tokenizer, early_termination=early_termination)
+    index = BM25Index.open_saved(directory, tokenizer)
     if index.num_docs != len(documents) or index.num_docs != manifest.num_docs:
         raise SearchIndexError(
             f"{directory}: the index, the passages and the manifest disagree on their count"
@@ -331,7 +291,6 @@ class SearchTool:
         b: float = 0.75,
         title_weight: int = 2,
         index: str | None = None,
-        early_termination: bool = False,
         hybrid: bool = False,
         dense_model: str = "all-minilm-l6-v2",
         rrf_k: int = 60,
@@ -344,10 +303,6 @@ class SearchTool:
             index: a saved index directory (``python -m tools.search_index build``), served
                 memory-mapped: for collections of millions of passages. Excludes ``corpus``;
                 its tokeniser and BM25 parameters come from the index.
-            early_termination: with ``index``, stop reading a query's postings once no unread
-                document can enter the top k (exact; tools/search_topk.py). Off by default: on
-                the synthetic 1M-passage corpus it is slower than scoring every passage
-                (bench/README.md, retrieval at scale).
             hybrid: fuse BM25 with dense (MiniLM) retrieval by reciprocal rank fusion. Needs
                 the ``dense`` extra and the model package; without them the tool logs why and
                 serves BM25 alone (``structured["retriever"]`` says which ran).
@@ -367,7 +322,6 @@ class SearchTool:
             load_manifest(index)  # a bad directory fails when the config is loaded, not on the first call
         self.corpus = corpus
         self.index_dir = index
-        self.early_termination = early_termination
         self.topk = topk
         self.max_chars_per_doc = max_chars_per_doc
         self._cache_override = cache_dir
@@ -391,9 +345,7 @@ class SearchTool:
             if self._index is not None:
                 return
             if self.index_dir is not None:
-                self._index, self._documents = open_saved_index(
-                    Path(self.index_dir), early_termination=self.early_termination
-                )
+                self._index, self._documents = open_saved_index(Path(self.index_dir))
                 return
             cache = cache_dir(self._cache_override)
             path = Path(self.corpus) if self.corpus else builtin_corpus(cache)

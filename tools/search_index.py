@@ -19,15 +19,18 @@ Layout of the directory (``manifest.json`` describes it):
 * ``bm25/``: bm25s's own saved layout (CSC score matrix, vocabulary, parameters), so
   ``bm25s.BM25.load(dir / "bm25", mmap=True)`` reads it too; scores are bm25s's "lucene"
   BM25, bit for bit (tests/tools/test_search_scale.py checks it against ``bm25s.BM25.index``).
-* ``impact.docs.npy`` / ``impact.scores.npy``: every term's postings again, ordered by
-  score (best first). The scorer reads only the head of these lists and stops when no
-  unseen document can still enter the top k (tools/search.py, ``BM25Index``).
+* ``term_max.npy``: each term's highest posting score (float32), which bounds what a term
+  can add to a passage's score (tools/search_topk.py).
 * ``docs.bin`` + ``docs.offsets.npy``: the passages themselves, one JSON array
   ``[id, title, contents]`` each, read by offset from a memory map.
 
 The build streams: passages are tokenised in chunks whose postings are spilled to disk,
 then scattered into the final memory-mapped arrays, so the memory it needs grows with the
 vocabulary and the chunk size, not with the collection.
+
+Format 1 also kept every term's postings a second time, best score first, for a scorer
+that has been replaced (tools/search_topk.py has today's); ``python -m tools.search_index
+upgrade DIR`` turns such an index into the current format in place, without rebuilding it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import tempfile
 import time
 from array import array
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +55,7 @@ import orjson
 from tqdm import tqdm
 
 from tools.corpus import CorpusError, Document
+from tools.search_topk import term_maxima
 
 __all__ = [
     "DocStore",
@@ -61,16 +65,17 @@ __all__ = [
     "load_manifest",
     "main",
     "parse_passage",
+    "upgrade_index",
 ]
 
-FORMAT = "toolfactory-bm25-1"
+FORMAT = "toolfactory-bm25-2"  # bump when the layout changes; upgrade_index() knows the older ones
 MANIFEST = "manifest.json"
 BM25_DIR = "bm25"
-IMPACT_DOCS = "impact.docs.npy"
-IMPACT_SCORES = "impact.scores.npy"
 DOCS_BIN = "docs.bin"
 DOCS_OFFSETS = "docs.offsets.npy"
-_SORT_BLOCK = 32_000_000  # postings sorted at once when ordering by impact (~0.8 GB of scratch)
+TERM_MAX = "term_max.npy"
+_FORMAT_1 = "toolfactory-bm25-1"
+_FORMAT_1_ONLY = ("impact.docs.npy", "impact.scores.npy")  # its best-first copy of the postings
 
 
 class SearchIndexError(ValueError):
@@ -179,7 +184,6 @@ def build_index(
         num_postings = _write_scores(
             work, spill, np.frombuffer(lengths, dtype=np.int64), vocab, k1, b, progress
         )
-        _write_impact_order(work, progress)
         manifest = Manifest(
             format=FORMAT,
             num_docs=len(lengths),
@@ -193,7 +197,8 @@ def build_index(
             build_s=round(time.perf_counter() - started, 1),
         )
         shutil.rmtree(work / "spill")
-        (work / MANIFEST).write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+        np.save(work / TERM_MAX, _term_maxima(work))
+        _write_manifest(work, manifest)
         if out.exists():
             shutil.rmtree(out)
         os.rename(work, out)
@@ -277,35 +282,44 @@ def _write_scores(
     return total
 
 
-def _write_impact_order(work: Path, progress: bool) -> None:
-    """Each term's postings again, best score first (ties: lower document first)."""
-    target = work / BM25_DIR
-    indptr = np.load(target / "indptr.csc.index.npy")
-    data = np.load(target / "data.csc.index.npy", mmap_mode="r")
-    indices = np.load(target / "indices.csc.index.npy", mmap_mode="r")
-    total = len(data)
-    docs = np.lib.format.open_memmap(work / IMPACT_DOCS, "w+", np.int32, (total,))
-    scores = np.lib.format.open_memmap(work / IMPACT_SCORES, "w+", np.float32, (total,))
-    # blocks of whole terms, each at most _SORT_BLOCK postings (a longer list is one block)
-    bounds = [0]
-    while bounds[-1] < len(indptr) - 1:
-        start = bounds[-1]
-        end = int(np.searchsorted(indptr, indptr[start] + _SORT_BLOCK, side="right")) - 1
-        bounds.append(min(max(end, start + 1), len(indptr) - 1))
-    for start, end in tqdm(
-        list(zip(bounds[:-1], bounds[1:], strict=True)), desc="impact order", disable=not progress
-    ):
-        lo, hi = int(indptr[start]), int(indptr[end])
-        term_of = np.repeat(np.arange(start, end), np.diff(indptr[start : end + 1]))
-        block_scores, block_docs = np.asarray(data[lo:hi]), np.asarray(indices[lo:hi])
-        order = np.lexsort((block_docs, -block_scores, term_of))
-        docs[lo:hi] = block_docs[order]
-        scores[lo:hi] = block_scores[order]
-    docs.flush()
-    scores.flush()
+def _term_maxima(directory: Path) -> np.ndarray:
+    indptr = np.load(directory / BM25_DIR / "indptr.csc.index.npy")
+    return term_maxima(indptr, np.load(directory / BM25_DIR / "data.csc.index.npy", mmap_mode="r"))
+
+
+def _write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Replace the manifest atomically (a new file: a hard-linked copy of the index keeps its own)."""
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(asdict(manifest), indent=2) + "\n")
+    os.replace(tmp, directory / MANIFEST)
+
+
+def upgrade_index(directory: str | os.PathLike[str]) -> Manifest:
+    """Bring a saved index of an older format to the current one, in place.
+
+    Format 1 has a best-first copy of the postings, which is deleted, and no term maxima.
+    """
+    directory = Path(directory)
+    manifest = _read_manifest(directory)
+    if manifest.format == _FORMAT_1:
+        np.save(directory / TERM_MAX, _term_maxima(directory))
+        _write_manifest(directory, replace(manifest, format=FORMAT))
+        for name in _FORMAT_1_ONLY:
+            (directory / name).unlink(missing_ok=True)
+    return load_manifest(directory)
 
 
 # ------------------------------------------------------------------------- open
+
+
+def _read_manifest(directory: Path) -> Manifest:
+    path = directory / MANIFEST
+    try:
+        return Manifest(**json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise SearchIndexError(f"{directory} is not a search index: {MANIFEST} is missing") from None
+    except (ValueError, TypeError) as exc:
+        raise SearchIndexError(f"{path} is not a valid manifest: {exc}") from None
 
 
 def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
@@ -316,25 +330,22 @@ def load_manifest(directory: str | os.PathLike[str]) -> Manifest:
             f"search index directory {directory} does not exist; build it with "
             f"`python -m tools.search_index build PASSAGES.jsonl {directory}`"
         )
-    path = directory / MANIFEST
-    try:
-        raw = json.loads(path.read_text())
-        manifest = Manifest(**raw)
-    except FileNotFoundError:
-        raise SearchIndexError(f"{directory} is not a search index: {MANIFEST} is missing") from None
-    except (ValueError, TypeError) as exc:
-        raise SearchIndexError(f"{path} is not a valid manifest: {exc}") from None
+    manifest = _read_manifest(directory)
     if manifest.format != FORMAT:
+        how = (
+            f"upgrade it in place with `python -m tools.search_index upgrade {directory}`"
+            if manifest.format == _FORMAT_1
+            else f"rebuild it with `python -m tools.search_index build PASSAGES.jsonl {directory}`"
+        )
         raise SearchIndexError(
-            f"{directory} has index format {manifest.format!r}; this version reads {FORMAT!r}"
+            f"{directory} has index format {manifest.format!r}; this version reads {FORMAT!r}: {how}"
         )
     needed = [
         *(f"{BM25_DIR}/{n}" for n in ("params.index.json", "vocab.index.json")),
         *(f"{BM25_DIR}/{n}.csc.index.npy" for n in ("data", "indices", "indptr")),
-        IMPACT_DOCS,
-        IMPACT_SCORES,
         DOCS_BIN,
         DOCS_OFFSETS,
+        TERM_MAX,
     ]
     missing = [name for name in needed if not (directory / name).is_file()]
     if missing:
@@ -380,6 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     build.add_argument("--chunk-docs", type=int, default=50_000, help="passages tokenised per spilled chunk")
     info = sub.add_parser("info", help="print a saved index's manifest and size on disk")
     info.add_argument("index", type=Path)
+    upgrade = sub.add_parser("upgrade", help="bring an index of an older format to this one, in place")
+    upgrade.add_argument("index", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -392,6 +405,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 title_weight=args.title_weight,
                 chunk_docs=args.chunk_docs,
             )
+        elif args.command == "upgrade":
+            manifest = upgrade_index(args.index)
         else:
             manifest = load_manifest(args.index)
     except (CorpusError, SearchIndexError) as exc:

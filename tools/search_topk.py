@@ -1,22 +1,26 @@
-"""Exact BM25 top-k without scoring every document: early termination over impact-ordered postings.
+"""Exact BM25 top-k of one query over a large memory-mapped index, in float32 then float64.
 
-A saved index (tools/search_index.py) keeps every term's postings twice: by document
-(bm25s's CSC layout) and by score, best first ("impact order"). For one query, the
-scorer reads the impact-ordered lists of its terms in parallel, a doubling depth at a
-time, and accumulates each seen document's partial score (a lower bound of its score)
-and which lists it was seen in. After each step:
+The score of every passage is the sum of its postings' scores (bm25s's CSC layout, one
+contiguous, document-ordered slice per term). Summing every posting of the query's terms
+into a dense float64 array (``numpy.bincount``) and taking its top k is exact but moves
+8 bytes a passage through the cache several times a query, and bincount allocates and
+zeroes a fresh array each time. Here:
 
-* an unseen document scores at most ``bound``, the sum of each list's next unread score;
-* a seen one scores at most its partial score plus the next unread score of each list
-  it was not seen in (its upper bound);
-* ``theta`` is the k-th best lower bound.
+1. every posting of the query's terms is added into a float32 scratch array kept per
+   thread (``numpy.add.at``: one pass, no copy of the weights, half the bytes);
+2. ``theta``, the k-th best float32 sum among the passages of the shortest list with at
+   least k postings, bounds the true k-th best score from below (k passages have at least
+   that score, up to float32 rounding);
+3. the candidates are the passages whose float32 sum reaches ``theta`` less a bound on the
+   rounding of both sums (``n`` terms: relative error at most ``n * 2**-24`` each); every
+   passage of the exact top k, ties at the cut included, is among them;
+4. the candidates (usually a few dozen) get their exact score: each term's posting found by
+   binary search in its document-ordered slice, summed in float64 in query-token order, as
+   ``bincount`` sums; sorted by score, ties by lower passage.
 
-When ``bound < theta``, the top k are among the seen documents whose upper bound reaches
-``theta``: usually a few dozen. Only those get their exact score (a binary search in each
-term's document-ordered postings, summed in query-token order in float64, as the
-exhaustive scorer sums), so the result is the exhaustive scorer's, ties included.
-This is Fagin's threshold algorithm with partial scores (as in impact-ordered indexes,
-Anh & Moffat); bench/README.md has its speed at 1M passages.
+So the result is the exhaustive float64 scorer's, scores bit for bit and ties included
+(tests/tools/test_search_scale.py checks it against a plain reference), at less than half
+its cost (bench/README.md, retrieval at 1M passages).
 """
 
 from __future__ import annotations
@@ -25,106 +29,97 @@ import threading
 
 import numpy as np
 
-__all__ = ["ImpactScorer"]
+__all__ = ["PostingScorer", "term_maxima"]
 
-_FIRST_DEPTH = 1024
-_MAX_EXACT = 512  # more ambiguous candidates than this: read deeper instead of looking them all up
-_MAX_TERMS = 62  # one bit per query token in an int64 mask
-_MARGIN = 1e-9  # relative slack on the bounds: float64 sums in different orders differ in the last bits
+_FLOAT32_EPS = 2.0**-24  # unit roundoff of float32
+_ROUNDING = 4  # slack in units of n * eps: twice what the two roundings need
+_BLOCK = 1 << 26  # postings read at once when computing term maxima (256 MB of float32)
 
 
-class ImpactScorer:
-    """Top-k for one query at a time; ``None`` when scoring every document is the cheaper way."""
+def term_maxima(indptr: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Each term's highest posting score (0 for a term without postings), in float32."""
+    indptr = np.asarray(indptr, dtype=np.int64)
+    maxima = np.zeros(len(indptr) - 1, dtype=np.float32)
+    start = 0
+    while start < len(maxima):  # blocks of whole terms, so that memory stays bounded
+        end = max(start + 1, int(np.searchsorted(indptr, indptr[start] + _BLOCK, side="right")) - 1)
+        end = min(end, len(maxima))
+        lo, hi = int(indptr[start]), int(indptr[end])
+        filled = np.flatnonzero(np.diff(indptr[start : end + 1]) > 0)
+        if len(filled):
+            maxima[start + filled] = np.maximum.reduceat(np.asarray(data[lo:hi]), indptr[start + filled] - lo)
+        start = end
+    return maxima
+
+
+class PostingScorer:
+    """Top k of one query at a time; thread-safe (one scratch array per thread)."""
 
     def __init__(
-        self,
-        indptr: np.ndarray,
-        indices: np.ndarray,
-        data: np.ndarray,
-        impact_docs: np.ndarray,
-        impact_scores: np.ndarray,
-        num_docs: int,
+        self, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, maxima: np.ndarray, num_docs: int
     ) -> None:
         # plain ndarray views of the memory maps: np.memmap's per-slice bookkeeping costs
         # more than the small reads themselves
         self._indptr = np.asarray(indptr, dtype=np.int64)
         self._indices = np.asarray(indices)
         self._data = np.asarray(data)
-        self._docs = np.asarray(impact_docs)
-        self._scores = np.asarray(impact_scores)
+        self._maxima = np.asarray(maxima, dtype=np.float64)
         self.num_docs = num_docs
-        self._lock = threading.Lock()  # one scratch pair, reset after every query
-        self._partial: np.ndarray | None = None
-        self._seen: np.ndarray | None = None
+        self._local = threading.local()
 
-    def top_k(self, tokens: np.ndarray, k: int) -> list[tuple[int, float]] | None:
+    def top_k(self, tokens: np.ndarray, k: int) -> list[tuple[int, float]]:
         """``(document, score)`` best first (ties: lower document), positive scores only."""
-        if not len(tokens):
+        if not len(tokens) or k < 1:
             return []
-        if len(tokens) > _MAX_TERMS:
-            return None
-        starts = self._indptr[tokens].tolist()
-        lengths = (self._indptr[tokens + 1] - self._indptr[tokens]).tolist()
-        with self._lock:
-            if self._partial is None:
-                self._partial = np.zeros(self.num_docs)  # calloc: pages appear as they are touched
-                self._seen = np.zeros(self.num_docs, dtype=np.int64)
-            touched: list[np.ndarray] = []
-            try:
-                return self._run(starts, lengths, k, touched)
-            finally:
-                for docs in touched:  # leave the scratch all zeros for the next query
-                    self._partial[docs] = 0.0
-                    self._seen[docs] = 0
+        bounds = list(zip(self._indptr[tokens].tolist(), self._indptr[tokens + 1].tolist(), strict=True))
+        candidates = self._candidates(bounds, self._maxima[tokens], k)
+        scores = self._exact(bounds, candidates)
+        order = np.lexsort((candidates, -scores))[:k]
+        return [(int(candidates[i]), float(scores[i])) for i in order if scores[i] > 0]
 
-    def _run(
-        self, starts: list[int], lengths: list[int], k: int, touched: list[np.ndarray]
-    ) -> list[tuple[int, float]] | None:
-        partial, seen = self._partial, self._seen
-        assert partial is not None and seen is not None
-        read = [0] * len(starts)
-        depth = _FIRST_DEPTH
-        while True:
-            for j, (start, length) in enumerate(zip(starts, lengths, strict=True)):
-                end = min(length, depth)
-                if end > read[j]:
-                    docs = self._docs[start + read[j] : start + end]
-                    fresh = docs[seen[docs] == 0]
-                    if len(fresh):
-                        touched.append(fresh)
-                    partial[docs] += self._scores[start + read[j] : start + end]  # no repeats in one list
-                    seen[docs] |= 1 << j
-                    read[j] = end
-            following = [
-                float(self._scores[start + r]) if r < length else 0.0
-                for start, length, r in zip(starts, lengths, read, strict=True)
-            ]
-            exhausted = not any(following)
-            candidates = np.concatenate(touched) if touched else np.zeros(0, dtype=np.int32)
-            if len(candidates) >= k or exhausted:
-                lower = partial[candidates]
-                theta = (np.partition(lower, -k)[-k] if len(candidates) >= k else 0.0) * (1 - _MARGIN)
-                if sum(following) < theta or exhausted:
-                    upper = lower.copy()
-                    masks = seen[candidates]
-                    for j, score in enumerate(following):
-                        if score:
-                            upper += np.where(masks & (1 << j), 0.0, score)
-                    ambiguous = candidates[upper >= theta]
-                    if len(ambiguous) <= _MAX_EXACT or exhausted:
-                        return self._exact_top(ambiguous.astype(np.int64), starts, lengths, k)
-            if sum(min(length, depth) for length in lengths) * 4 > self.num_docs:
-                return None  # this deep, one pass over every posting is cheaper
-            depth *= 4
+    def _scratch(self) -> np.ndarray:
+        scratch = getattr(self._local, "scores", None)
+        if scratch is None:
+            scratch = self._local.scores = np.zeros(
+                self.num_docs, dtype=np.float32
+            )  # pages appear as touched
+        return scratch
 
-    def _exact_top(
-        self, docs: np.ndarray, starts: list[int], lengths: list[int], k: int
-    ) -> list[tuple[int, float]]:
-        docs = np.sort(docs)
+    def _candidates(self, bounds: list[tuple[int, int]], maxima: np.ndarray, k: int) -> np.ndarray:
+        """Sorted passages among which the exact top k lie (see the module docstring)."""
+        lists = [self._indices[a:b] for a, b in bounds]
+        sized = [docs for docs in lists if len(docs) >= k]
+        if not sized:  # every list is shorter than k: its passages are few, all of them are candidates
+            return np.unique(np.concatenate(lists))
+        scratch = self._scratch()
+        try:
+            for (a, b), docs in zip(bounds, lists, strict=True):
+                np.add.at(scratch, docs.astype(np.intp), self._data[a:b])
+            shortest = min(sized, key=len)
+            theta = float(np.partition(scratch[shortest], -k)[-k])
+            slack = _ROUNDING * len(bounds) * _FLOAT32_EPS
+            cut = theta * (1 - slack)
+            # a passage found only in the lists of lowest maxima, whose sum stays under the cut,
+            # cannot reach it: the candidates are in the other ("essential") lists
+            order = np.argsort(maxima, kind="stable")
+            reach = np.cumsum(maxima[order]) * (1 + slack)
+            essential = order[int(np.searchsorted(reach, cut, side="left")) :].tolist()
+            found = np.concatenate([lists[j] for j in essential])
+            return np.unique(found[scratch[found] >= cut])
+        finally:
+            if sum(len(docs) for docs in lists) * 8 < self.num_docs:
+                for docs in lists:  # few postings: cheaper than clearing every passage
+                    scratch[docs] = 0
+            else:
+                scratch.fill(0)
+
+    def _exact(self, bounds: list[tuple[int, int]], docs: np.ndarray) -> np.ndarray:
+        """The float64 scores of ``docs`` (sorted), summed in query-token order."""
         scores = np.zeros(len(docs))
-        for start, length in zip(starts, lengths, strict=True):
-            postings = self._indices[start : start + length]
-            at = np.minimum(np.searchsorted(postings, docs), length - 1)
-            scores += np.where(postings[at] == docs, self._data[start + at], 0.0)
-        order = np.lexsort((docs, -scores))[:k]
-        return [(int(docs[i]), float(scores[i])) for i in order if scores[i] > 0]
+        for a, b in bounds:
+            if a == b:
+                continue
+            postings = self._indices[a:b]
+            at = np.minimum(np.searchsorted(postings, docs), b - a - 1)
+            scores += np.where(postings[at] == docs, self._data[a + at], 0.0)
+        return scores
