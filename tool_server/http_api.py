@@ -107,10 +107,16 @@ class HttpApi:
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
         # Every answer names this process, so a client sees a restart at the same address.
-        self.instance = {INSTANCE_HEADER: executor.sessions.instance}
+        self._instance = (_INSTANCE_KEY, executor.sessions.instance.encode())
 
     def caller(self, scope: Scope) -> Caller:
         return caller_of(scope, self.registry)
+
+    def answer(self, body: Any, status: int = 200) -> Response:
+        """A JSON answer naming this process (appended raw: a headers dict costs ~3 µs a response)."""
+        response = json_response(body, status)
+        response.raw_headers.append(self._instance)
+        return response
 
     def routes(self) -> list[Route]:
         """The HTTP API's routes, ``/v1/calls`` (the hot one) first."""
@@ -150,7 +156,7 @@ class HttpApi:
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
-        return json_response({"results": results}, headers=self.instance)
+        return self.answer({"results": results})
 
     async def _fenced(
         self,
@@ -201,7 +207,7 @@ class HttpApi:
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
-        return json_response({"results": results}, headers=self.instance)
+        return self.answer({"results": results})
 
     async def tools(self, request: Request) -> Response:
         toolset = request.query_params.get("toolset") or self.default_toolset
@@ -262,7 +268,7 @@ class HttpApi:
         answer: dict[str, Any] = {"session": state.id, "ttl_s": sessions.ttl_s}
         if environment is not None:
             answer["environment"] = {"pack": pack, "task": task}
-        return json_response(answer, 201, self.instance)
+        return self.answer(answer, 201)
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
@@ -275,10 +281,10 @@ class HttpApi:
                 ErrorKind.UNKNOWN_SESSION,
                 f"no open session {session_id[:MAX_ID_LENGTH]!r} (expired, released, or not yours)",
             )
-        return json_response({"released": session_id}, headers=self.instance)
+        return self.answer({"released": session_id})
 
     async def healthz(self, request: Request) -> Response:
-        return json_response({"status": "ok"}, headers=self.instance)
+        return self.answer({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
         checks = {}
@@ -288,7 +294,7 @@ class HttpApi:
             checks[name] = {"ok": ok, **detail}
             healthy = healthy and ok
         status = 200 if healthy else 503
-        return json_response(
+        return self.answer(
             {
                 "status": "ready" if healthy else "not ready",
                 "tools": len(self.registry.entries),
@@ -296,7 +302,6 @@ class HttpApi:
                 "checks": checks,
             },
             status,
-            self.instance,
         )
 
     async def metrics(self, request: Request) -> Response:
