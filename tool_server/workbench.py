@@ -25,7 +25,8 @@ from tool_server.config import Config
 from tool_server.http_api import HttpApi, error_response, json_response
 from tool_server.workbench_files import FileError, Files, TrajectoryIndex
 from tool_server.workbench_live import metrics_snapshot
-from tool_server.workbench_runs import read_runs
+from tool_server.workbench_runs import find_runs, read_runs
+from tool_server.workbench_tb import ScalarReader, TensorBoardMissing
 from tool_server.workbench_tokens import TokenText
 
 __all__ = ["Workbench"]
@@ -44,6 +45,7 @@ class Workbench:
         self.files = Files(config.workbench.runs_dir)
         self.index = TrajectoryIndex()
         self.tokens = TokenText(config.workbench.tokenizer)
+        self.scalars = ScalarReader()
         self.max_upload = config.limits.max_request_bytes
 
     @property
@@ -66,6 +68,7 @@ class Workbench:
             Route("/ui/api/trajectories", self.trajectories, methods=["GET"]),
             Route("/ui/api/trajectory", self.trajectory, methods=["GET"]),
             Route("/ui/api/runs", self.runs, methods=["GET"]),
+            Route("/ui/api/scalars", self.curve, methods=["GET"]),
             Route("/ui/api/environments", self.environments, methods=["GET"]),
             Route("/ui/api/replay", self.replay, methods=["POST"]),
             # last: any other /ui/<file> is one of the static files, or 404
@@ -165,8 +168,27 @@ class Workbench:
             return refused
         if self.files.runs_dir is None:
             return json_response({"runs_dir": None, "runs": []})
-        runs = await anyio.to_thread.run_sync(read_runs, self.files.runs_dir)
+        runs = await anyio.to_thread.run_sync(read_runs, self.files.runs_dir, self.scalars)
         return json_response({"runs_dir": str(self.files.runs_dir), "runs": runs})
+
+    async def curve(self, request: Request) -> Response:
+        """One TensorBoard tag of one run: ``{"run", "tag", "points": [[step, value], ...]}``."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        runs_dir = self.files.runs_dir
+        name, tag = request.query_params.get("run", ""), request.query_params.get("tag", "")
+        if runs_dir is None:
+            return error_response(404, ErrorKind.BAD_REQUEST, "this server has no runs directory")
+        found = await anyio.to_thread.run_sync(find_runs, runs_dir)
+        if name not in found or not found[name].events:
+            return error_response(404, ErrorKind.BAD_REQUEST, f"no run {name!r} with TensorBoard event files")
+        try:
+            points = await anyio.to_thread.run_sync(self.scalars.curve, found[name].events, tag)
+        except TensorBoardMissing as exc:
+            return error_response(501, ErrorKind.UNAVAILABLE, str(exc))
+        if not points:
+            return error_response(404, ErrorKind.BAD_REQUEST, f"run {name!r} has no scalar tag {tag!r}")
+        return json_response({"run": name, "tag": tag, "points": points})
 
     # ----------------------------------------------------------------- environments
 
