@@ -3,26 +3,28 @@
 Three parts in one run (figures in bench/README.md, the plan in docs/scaling.md):
 
 (a) **measure** one replica (``tool-server serve``) serving ``calculator`` (stateless, in
-    process), a procedural bank pack (``tools.envs.procedural:pack``, a stateful
-    environment: one copy-on-write world per session) and the ``python`` sandbox tool:
-    server CPU per call of each kind (the process tree's CPU for python: its workers run
-    the code), what opening a session costs, the per-POST overhead (1-call against
-    64-call POSTs), the replica's own RSS and the memory of a live session (RSS growth over
-    ``--env-sessions`` environment sessions; PSS of ``--py-sessions`` sandbox workers).
+    process), ``search`` (BM25, a worker thread per call), a procedural bank pack
+    (``tools.envs.procedural:pack``, a stateful environment: one copy-on-write world per
+    session) and the ``python`` sandbox tool. Every call sent is new (a fresh call_id and
+    arguments: never an idempotent replay or a cache hit). Server CPU per POST of 1, 8
+    and 64 calls of each kind, fitted as a fixed cost per POST plus a cost per call; the
+    extra cost of a POST that finds the replica asleep (paced requests); a session
+    release (DELETE); a re-sent call_id; a session's start; the ``ToolClient``'s own CPU
+    per POST and per call; the replica's RSS and the memory of a live session (RSS growth
+    over ``--env-sessions`` environment sessions; PSS of ``--py-sessions`` sandbox
+    workers); python's warm call (server + worker) and session start.
 (b) **model**: ``bench/capacity_model.py`` with those figures answers "how many replicas
-    for N trajectories" for a search/calculator-heavy and a sandbox-heavy mix.
+    for N trajectories" for a search-heavy, an environment and a sandbox-heavy mix.
 (c) **simulate** at reduced scale: ``--replicas`` servers on 127.0.0.2.. and
     ``--clients`` client processes, each running many simulated trajectories through the
     real ``ToolClient`` (a call, then an exponential think time, ``--calls-per-traj``
-    calls per trajectory, then a new session). The offered load (trajectories / think
-    time) is stepped through ``--loads`` times the model's predicted capacity of the
-    replicas; reported: achieved calls/s, latency p50/p99, errors, server and client CPU
-    per call, against the prediction.
+    calls per trajectory, a session release, then a new session). The offered load
+    (trajectories / think time) is stepped through ``--loads`` times the model's
+    prediction for the box (replicas and clients on its cores); reported: achieved
+    calls/s, latency, errors, the batch size and split POSTs the clients sent, server and
+    client CPU per call against the model's at that batch size and split share.
 
-Everything shares this machine's cores (replicas, clients), so the simulation also shows
-where the model, which gives each replica its own cores, stops describing a box.
-
-    .venv/bin/python bench/capacity.py [--quick] [--skip-python] [--loads 0.25,0.5,1,1.5]
+    .venv/bin/python bench/capacity.py [--quick] [--skip-python] [--loads 0.1,0.5,1,1.5]
 """
 
 from __future__ import annotations
