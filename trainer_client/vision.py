@@ -39,6 +39,7 @@ IMAGE = "image"
 TEXT_ONLY = "the model reads text only"
 NOT_SHOWN = "[image not shown ({what}): {why}]"
 _PREFIX_CACHE_SIZE = 512  # processor-tokenized synthetic prefixes, per tool-name tuple
+_FAST_CHECKS = 8  # image observations checked against the processor's own call
 
 
 def image_blocks(content: Any) -> list[dict[str, Any]]:
@@ -146,6 +147,7 @@ class VisionChatRenderer(ChatTemplateRenderer):
         self.mm_processor_kwargs = dict(mm_processor_kwargs or {})
         self.image_token_id = _image_token_id(processor, tokenizer)
         self._processor_prefix: dict[Any, list[int]] = {}
+        self._fast_checks_left = _FAST_CHECKS  # -1: the fast count disagreed, use the processor
         self._placeholder_extra: int | None = None
         # The processor's chat template where it has one (veRL renders VL prompts with it).
         template_kwargs = dict(chat_template_kwargs or {})
@@ -182,13 +184,7 @@ class VisionChatRenderer(ChatTemplateRenderer):
         entry = self._prefix(observations, tools)
         text = self.render_text(entry.messages + observations, add_generation_prompt=True, tools=tools)
         images = [decode_image(b) for m in observations for b in image_blocks(m.get("content"))]
-        ids = self._processor_ids(text, images)
-        key = entry.key
-        prefix = self._processor_prefix.get(key)
-        if prefix is None:
-            if len(self._processor_prefix) >= _PREFIX_CACHE_SIZE:
-                self._processor_prefix.clear()
-            prefix = self._processor_prefix[key] = self._processor_ids(entry.text, [])
+        ids, prefix = self._tokenize(entry, text, images)
         if ids[: len(prefix)] != prefix:
             raise ValueError(
                 "the processor does not tokenize tool messages with images as an append-only extension"
@@ -201,6 +197,51 @@ class VisionChatRenderer(ChatTemplateRenderer):
                 "the chat template must write one placeholder per image block"
             )
         return Splice(self.boundary_ids(turn_ids), observation_ids, images, counts)
+
+    def _tokenize(self, entry: Any, text: str, images: list[Any]) -> tuple[list[int], list[int]]:
+        """Ids of ``text`` with its placeholders expanded for ``images``, and of the prefix.
+
+        The processor's own call also computes every pixel value (12x the time of this
+        path for a 768-px view: bench/bench_vision_splice.py), which the splice throws away. So where the processor can count an image's
+        tokens from its size (``_get_num_multimodal_tokens``, what vLLM uses), the pads are
+        written into the text and the codec tokenizes it; the first ``_FAST_CHECKS``
+        observations are also run through the processor and must agree, else the
+        processor is used from then on."""
+        fast = self._expanded(text, images) if self._fast_checks_left >= 0 else None
+        if fast is not None and self._fast_checks_left == 0:
+            return self.codec.encode(fast), entry.ids
+        slow = self._processor_ids(text, images)
+        if fast is not None:
+            agrees = self.codec.encode(fast) == slow and entry.ids == self._processor_prefix_ids(entry)
+            self._fast_checks_left = self._fast_checks_left - 1 if agrees else -1
+        return slow, self._processor_prefix_ids(entry)
+
+    def _expanded(self, text: str, images: list[Any]) -> str | None:
+        """``text`` with each image placeholder repeated as many times as its image has
+        tokens, or None where the processor cannot count them."""
+        counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
+        token = getattr(self.processor, "image_token", None)
+        if counter is None or not isinstance(token, str):
+            return None
+        try:
+            counted = counter(
+                image_sizes=[(im.height, im.width) for im in images], **self.mm_processor_kwargs
+            )
+            counts = [int(n) for n in counted["num_image_tokens"]]
+        except Exception:  # a processor whose counter takes other arguments: use the processor
+            return None
+        parts = text.split(token)
+        if len(parts) != len(counts) + 1:
+            return None
+        return parts[0] + "".join(token * n + part for n, part in zip(counts, parts[1:], strict=True))
+
+    def _processor_prefix_ids(self, entry: Any) -> list[int]:
+        prefix = self._processor_prefix.get(entry.key)
+        if prefix is None:
+            if len(self._processor_prefix) >= _PREFIX_CACHE_SIZE:
+                self._processor_prefix.clear()
+            prefix = self._processor_prefix[entry.key] = self._processor_ids(entry.text, [])
+        return prefix
 
     def _processor_ids(self, text: str, images: list[Any]) -> list[int]:
         out = self.processor(text=[text], images=images or None, **self.mm_processor_kwargs)

@@ -84,8 +84,9 @@ QWEN25_VL_TEMPLATE = _CONTENT + (
 )
 
 
-def tiny_processor(tokenizer: Any) -> Any:
-    """A Qwen2-VL processor around a copy of ``tokenizer`` with the vision tokens added."""
+def tiny_processor(tokenizer: Any, max_pixels: int = MAX_PIXELS) -> Any:
+    """A Qwen2-VL processor around a copy of ``tokenizer`` with the vision tokens added
+    (``max_pixels=12845056`` is Qwen2.5-VL's own setting: a 768-px view is hundreds of tokens)."""
     from transformers import AddedToken, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -104,7 +105,7 @@ def tiny_processor(tokenizer: Any) -> Any:
     tok.chat_template = QWEN25_VL_TEMPLATE
     images = Qwen2VLImageProcessorPil(
         min_pixels=MIN_PIXELS,
-        max_pixels=MAX_PIXELS,
+        max_pixels=max_pixels,
         patch_size=PATCH,
         merge_size=MERGE,
         temporal_patch_size=2,

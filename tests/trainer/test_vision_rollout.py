@@ -15,6 +15,7 @@ views come from a real tool server.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from typing import Any
 
@@ -27,7 +28,7 @@ from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.cli import trajectory_record
 from trainer_client.dataset import TaskRow
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
-from trainer_client.vision import decode_image, training_inputs
+from trainer_client.vision import VisionChatRenderer, decode_image, training_inputs
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
 torch = require("torch", reason="torch is needed for the tiny VLM")
@@ -218,3 +219,29 @@ def test_the_rollout_record_holds_the_images_inline(processor: Any) -> None:
     assert f"<|vision_start|><|image_pad|>×{count}<|vision_end|>" in observation
     assert "<|image_pad|><|image_pad|>" not in observation
     assert record["response_ids"] == tr.response_ids
+
+
+def test_counted_image_tokens_agree_with_the_processor_or_are_not_used(processor: Any) -> None:
+    """The renderer writes the pads itself once its counts matched the processor's own call
+    on the first observations; a processor whose count disagrees is called every time."""
+    turn = _ids(processor, _call("zoom", "a"))
+
+    def observation(seed: int) -> list[dict[str, Any]]:
+        block = png_block(40 + 37 * seed, 300 - 23 * seed, seed=seed)
+        return [{"role": "tool", "name": "zoom", "content": [{"type": "text", "text": "View."}, block]}]
+
+    def by_processor(obs: list[dict[str, Any]]) -> list[int]:
+        slow = VisionChatRenderer(processor.tokenizer, processor)
+        slow._fast_checks_left = -1
+        return slow.splice(obs, turn).ids
+
+    counted = VisionChatRenderer(processor.tokenizer, processor)
+    for seed in range(12):
+        obs = observation(seed)
+        assert counted.splice(obs, turn).ids == by_processor(obs)
+    assert counted._fast_checks_left == 0  # the last four took the counted path
+    lying = copy.copy(processor)
+    lying._get_num_multimodal_tokens = lambda image_sizes, **_: {"num_image_tokens": [3] * len(image_sizes)}
+    fallback = VisionChatRenderer(lying.tokenizer, lying)
+    assert fallback.splice(observation(1), turn).ids == by_processor(observation(1))
+    assert fallback._fast_checks_left == -1
