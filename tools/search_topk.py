@@ -6,14 +6,17 @@ into a dense float64 array (``numpy.bincount``) and taking its top k is exact bu
 8 bytes a passage through the cache several times a query, and bincount allocates and
 zeroes a fresh array each time. Here:
 
-1. every posting of the query's terms is added into a float32 scratch array kept per
-   thread (``numpy.add.at``: one pass, no copy of the weights, half the bytes);
+1. every posting of the query's terms is added into a float32 scratch array, one per query
+   running at the same time, reused (``numpy.add.at``: one pass, no copy of the weights,
+   half the bytes);
 2. ``theta``, the k-th best float32 sum among the passages of the shortest list with at
    least k postings, bounds the true k-th best score from below (k passages have at least
    that score, up to float32 rounding);
 3. the candidates are the passages whose float32 sum reaches ``theta`` less a bound on the
    rounding of both sums (``n`` terms: relative error at most ``n * 2**-24`` each); every
-   passage of the exact top k, ties at the cut included, is among them;
+   passage of the exact top k, ties at the cut included, is among them. They are looked for
+   only in the "essential" lists (MaxScore's word): a passage found only in lists whose
+   highest scores (``term_max.npy``) add up to less than the cut cannot reach it;
 4. the candidates (usually a few dozen) get their exact score: each term's posting found by
    binary search in its document-ordered slice, summed in float64 in query-token order, as
    ``bincount`` sums; sorted by score, ties by lower passage.
@@ -24,8 +27,6 @@ its cost (bench/README.md, retrieval at 1M passages).
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def term_maxima(indptr: np.ndarray, data: np.ndarray) -> np.ndarray:
 
 
 class PostingScorer:
-    """Top k of one query at a time; thread-safe (one scratch array per thread)."""
+    """Top k of one query at a time; thread-safe (a scratch array for each query in flight)."""
 
     def __init__(
         self, indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, maxima: np.ndarray, num_docs: int
@@ -65,7 +66,7 @@ class PostingScorer:
         self._data = np.asarray(data)
         self._maxima = np.asarray(maxima, dtype=np.float64)
         self.num_docs = num_docs
-        self._local = threading.local()
+        self._spare: list[np.ndarray] = []  # scratch arrays, all zeros, for the next queries
 
     def top_k(self, tokens: np.ndarray, k: int) -> list[tuple[int, float]]:
         """``(document, score)`` best first (ties: lower document), positive scores only."""
@@ -77,21 +78,16 @@ class PostingScorer:
         order = np.lexsort((candidates, -scores))[:k]
         return [(int(candidates[i]), float(scores[i])) for i in order if scores[i] > 0]
 
-    def _scratch(self) -> np.ndarray:
-        scratch = getattr(self._local, "scores", None)
-        if scratch is None:
-            scratch = self._local.scores = np.zeros(
-                self.num_docs, dtype=np.float32
-            )  # pages appear as touched
-        return scratch
-
     def _candidates(self, bounds: list[tuple[int, int]], maxima: np.ndarray, k: int) -> np.ndarray:
         """Sorted passages among which the exact top k lie (see the module docstring)."""
         lists = [self._indices[a:b] for a, b in bounds]
         sized = [docs for docs in lists if len(docs) >= k]
         if not sized:  # every list is shorter than k: its passages are few, all of them are candidates
             return np.unique(np.concatenate(lists))
-        scratch = self._scratch()
+        try:
+            scratch = self._spare.pop()  # list.pop is atomic: no lock needed
+        except IndexError:
+            scratch = np.zeros(self.num_docs, dtype=np.float32)  # as many as queries at once
         try:
             for (a, b), docs in zip(bounds, lists, strict=True):
                 np.add.at(scratch, docs.astype(np.intp), self._data[a:b])
@@ -112,6 +108,7 @@ class PostingScorer:
                     scratch[docs] = 0
             else:
                 scratch.fill(0)
+            self._spare.append(scratch)
 
     def _exact(self, bounds: list[tuple[int, int]], docs: np.ndarray) -> np.ndarray:
         """The float64 scores of ``docs`` (sorted), summed in query-token order."""
