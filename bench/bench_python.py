@@ -1,20 +1,24 @@
 """Python sandbox: workers forked from the template vs. a fresh interpreter per session, and tool latency.
 
-Side by side in one run, one start path after the other (each closes its workers first):
+Side by side in one run:
 
 * ``spawn``: the previous start path, a new ``python -I sandbox_worker.py <config>`` per
   session, loaded from git (``--baseline``: the last commit that had it);
-* ``template``: today's path, each worker forked from the pre-warmed template process.
+* ``template``: today's path, each worker forked from the pre-warmed template process (a
+  spare child forked ahead of demand when one is ready, else forked on demand).
 
-For each path: session start p50/p99 (``SandboxWorker.spawn`` until the confined worker is
-ready, sessions left open, one after another), memory per live session at each
-``--sessions`` count (each session has run one call): proportional set size (PSS, from
-``/proc/<pid>/smaps_rollup``, workers plus the template) and the drop of the host's
-MemAvailable (which also counts kernel memory: namespaces, page tables, mounts), and warm call
-p50/p99 in one session. Then the python tool as the model sees it (today's path): warm call,
-first call of a session (warm pool), cold one-shot ``run_python``.
+Latency, interleaved so that both paths see the same load: ``--starts`` sessions per path
+started alternately (spawn, template, template, spawn, ...), left open, each running one call;
+session start p50/p99 is ``SandboxWorker.spawn`` until the confined worker is ready. Then warm
+calls alternate between one session of each path. Memory, one path after the other (each
+closes its workers first): proportional set size per live session at each ``--sessions``
+count (PSS from ``/proc/<pid>/smaps_rollup``: workers, plus the template and its spare children)
+and the drop of the host's MemAvailable (which also counts kernel memory: namespaces, page
+tables, mounts). Then the python tool as the model sees it (today's path): warm call, first
+call of a session (warm pool), cold one-shot ``run_python``.
 
-    .venv/bin/python bench/bench_python.py [--sessions 64,256,1024] [--warm 300] [--cold 20]
+    .venv/bin/python bench/bench_python.py [--sessions 64,256,1024] [--starts 100] [--warm 300]
+    .venv/bin/python bench/bench_python.py --quick   # about a minute: 64 sessions, fewer calls
 """
 
 from __future__ import annotations
@@ -75,6 +79,20 @@ def pss_kb(pid: int) -> int:
     return _kb(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
+def children_of(pid: int) -> list[int]:
+    """Live children of ``pid`` that are not workers of a session: the template's spares."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            status = (entry / "status").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        if fields.get("PPid", "").strip() == str(pid) and fields.get("Uid", "").split()[:1] == ["0"]:
+            found.append(int(entry.name))
+    return found
+
+
 def available_kb() -> int:
     return _kb("/proc/meminfo", "MemAvailable:")
 
@@ -95,44 +113,61 @@ def load_baseline(ref: str) -> ModuleType:
     return module
 
 
-async def measure_path(
-    name: str,
-    spawn: Callable[[], Any],
-    counts: list[int],
-    warm_calls: int,
-    template_pid: Callable[[], int | None],
-) -> PathFigures:
-    figures = PathFigures(name)
+async def start_session(spawn: Callable[[], Any], starts: list[float]) -> Any:
+    start = time.perf_counter()
+    worker = await anyio.to_thread.run_sync(spawn)
+    starts.append((time.perf_counter() - start) * 1000)
+    result = await worker.run("import math\ntotal = 0")
+    assert result.error is None, result
+    return worker
+
+
+async def measure_latency(
+    paths: list[tuple[PathFigures, Callable[[], Any]]], starts: int, warm_calls: int
+) -> None:
+    """Session starts, then warm calls, alternating between the paths (ABBA order)."""
+    workers: list[Any] = []
+    try:
+        for _ in range(2):  # warm-up: the template starts, and both paths' files are in the page cache
+            for _, spawn in paths:
+                workers.append(await start_session(spawn, []))
+        sessions = {}
+        for i in range(starts):
+            for figures, spawn in paths if i % 2 == 0 else paths[::-1]:
+                sessions[figures.name] = await start_session(spawn, figures.starts)
+                workers.append(sessions[figures.name])
+        for i in range(warm_calls):
+            for figures, _ in paths if i % 2 == 0 else paths[::-1]:
+                start = time.perf_counter()
+                await sessions[figures.name].run(f"total += {i}\nmath.sqrt(total)")
+                figures.warm.append((time.perf_counter() - start) * 1000)
+    finally:
+        for worker in workers:
+            await worker.aclose()
+
+
+async def measure_memory(
+    figures: PathFigures, spawn: Callable[[], Any], counts: list[int], template_pids: Callable[[], list[int]]
+) -> None:
     workers: list[Any] = []
     before = available_kb()
     try:
         for count in counts:
             while len(workers) < count:
                 if available_kb() < _MIN_FREE_KB:
-                    print(f"{name}: stopped at {len(workers)} sessions (host memory)", file=sys.stderr)
-                    return figures
-                start = time.perf_counter()
-                worker = await anyio.to_thread.run_sync(spawn)
-                figures.starts.append((time.perf_counter() - start) * 1000)
-                workers.append(worker)
-                result = await worker.run("import math\nx = 1")
-                assert result.error is None, result
+                    print(
+                        f"{figures.name}: stopped at {len(workers)} sessions (host memory)", file=sys.stderr
+                    )
+                    return
+                workers.append(await start_session(spawn, []))
             await anyio.sleep(2)  # namespaces of the last closed workers are freed in the background
-            pids = [w.proc.pid for w in workers] + [pid for pid in [template_pid()] if pid is not None]
+            pids = [w.proc.pid for w in workers] + template_pids()
             pss = sum(pss_kb(pid) for pid in pids) / 1024 / count
             figures.memory[count] = (pss, (before - available_kb()) / 1024 / count)
-            print(f"{name}: {count} sessions, {pss:.2f} MB PSS each", file=sys.stderr)
-            if not figures.warm:
-                session = workers[0]
-                await session.run("total = 0")
-                for i in range(warm_calls):
-                    start = time.perf_counter()
-                    await session.run(f"total += {i}\nmath.sqrt(total)")
-                    figures.warm.append((time.perf_counter() - start) * 1000)
+            print(f"{figures.name}: {count} sessions, {pss:.2f} MB PSS each", file=sys.stderr)
     finally:
         for worker in workers:
             await worker.aclose()
-    return figures
 
 
 async def measure_tool(warm_calls: int, cold_calls: int, sessions: int) -> list[tuple[str, list[float]]]:
@@ -202,27 +237,32 @@ def main() -> None:
         default=1 << 30,
         help="measure the spawn path only up to this many sessions",
     )
+    parser.add_argument("--starts", type=int, default=100, help="session starts per path (interleaved)")
     parser.add_argument("--warm", type=int, default=300)
     parser.add_argument("--first", type=int, default=20, help="sessions for the first-call row")
     parser.add_argument("--cold", type=int, default=20)
+    parser.add_argument(
+        "--quick", action="store_true", help="64 sessions, 60 starts, 200 warm calls, 10 first and cold"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.sessions, args.starts, args.warm, args.first, args.cold = "64", 60, 200, 10, 10
     counts = sorted(int(n) for n in args.sessions.split(","))
     baseline = load_baseline(args.baseline)
 
-    def template_pid() -> int | None:
-        return sandbox_zygote.template_for(sys.executable).pid
+    def template_pids() -> list[int]:
+        """The template and its spare children (the workers are counted on their own)."""
+        pid = sandbox_zygote.template_for(sys.executable).pid
+        return [] if pid is None else [pid, *children_of(pid)]
 
-    old = anyio.run(
-        measure_path,
-        "spawn",
-        lambda: baseline.SandboxWorker.spawn(LIMITS),
-        [n for n in counts if n <= args.baseline_max] or counts[:1],
-        args.warm,
-        lambda: None,
+    old, new = PathFigures("spawn"), PathFigures("template")
+    spawn_old = lambda: baseline.SandboxWorker.spawn(LIMITS)  # noqa: E731
+    spawn_new = lambda: sandbox.SandboxWorker.spawn(LIMITS)  # noqa: E731
+    anyio.run(measure_latency, [(old, spawn_old), (new, spawn_new)], args.starts, args.warm)
+    anyio.run(
+        measure_memory, old, spawn_old, [n for n in counts if n <= args.baseline_max] or counts[:1], list
     )
-    new = anyio.run(
-        measure_path, "template", lambda: sandbox.SandboxWorker.spawn(LIMITS), counts, args.warm, template_pid
-    )
+    anyio.run(measure_memory, new, spawn_new, counts, template_pids)
     print_paths(old, new)
     rows = anyio.run(measure_tool, args.warm, args.cold, args.first)
     print(f"\n{'python tool (template path)':<34}{'n':>6}{'p50 ms':>10}{'p99 ms':>10}")

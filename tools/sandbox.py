@@ -662,7 +662,7 @@ class SandboxWorker:
                     code = proc.wait(5)
                     reason = "no reply" + ("" if code is None else f" (exit status {code})")
                 raise SandboxError(f"the sandbox worker failed to start: {reason}")
-            isolation = {**ready["isolation"], "start": "forked from the pre-warmed template process"}
+            isolation = {"start": "forked from the pre-warmed template process", **ready["isolation"]}
             return cls(proc, limits, uid, hostdir, ours, isolation)
         except BaseException:
             if proc is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import ctypes
 import gc
 import io
@@ -27,6 +28,7 @@ import linecache
 import os
 import random
 import resource
+import select
 import signal
 import socket
 import stat
@@ -290,18 +292,11 @@ def build_shared_root(mount: Mount, top: str, hide: list[str]) -> str:
     return proc
 
 
-def session_mounts(mount: Mount, top: str, uid: int | None) -> None:
-    """What is this session's own: private tmpfs mounts owned by its uid, and an /etc/passwd and
-    /etc/group that name it (written to its host directory, shown read-only)."""
-    owner = f",uid={uid},gid={uid}" if uid is not None else ""
-    for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
-        mount(
-            "tmpfs",
-            top + path,
-            "tmpfs",
-            MS_NOSUID | MS_NODEV,
-            f"size={size}m,nr_inodes=4096,mode=0700{owner}",
-        )
+def session_mounts(mount: Mount, uid: int | None) -> None:
+    """What is this session's own, mounted inside the new root: /etc/passwd and /etc/group that
+    name its uid (written on a scratch tmpfs that is dropped once they are bound read-only), and
+    private tmpfs mounts owned by its uid."""
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,nr_inodes=8,mode=0700")
     named = uid is not None
     texts = (
         "root:x:0:0::/root:/usr/sbin/nologin\n"
@@ -309,11 +304,15 @@ def session_mounts(mount: Mount, top: str, uid: int | None) -> None:
         "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if named else ""),
     )
     for path, text in zip(IDENTITY_FILES, texts, strict=True):
-        source = os.path.join(CONFIG["hostdir"], os.path.basename(path))
-        with open(source, "w") as fh:
+        scratch = "/tmp/" + os.path.basename(path)
+        with open(scratch, "w") as fh:
             fh.write(text)
-        mount(source, top + path, None, MS_BIND)
-        mount(None, top + path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        mount(scratch, path, None, MS_BIND)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    libc_call(LIBC, "umount scratch", LIBC.umount2, b"/tmp", MNT_DETACH)  # the binds keep their files
+    owner = f",uid={uid},gid={uid}" if named else ""
+    for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
+        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
 
 
 def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
@@ -334,33 +333,42 @@ def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
     return how
 
 
-def isolate_namespaces(libc: ctypes.CDLL, uid: int | None, report: dict[str, str]) -> str:
-    """New mount + network namespaces (root): a fresh root that shows only what Python needs.
-
-    The root is the template's prepared one for this ``hide`` list (``CONFIG["prepared"]``),
-    which the new mount namespace holds as a copy; where the template has none, the worker
-    builds it itself (in a directory of its host directory).
-    """
-    mount = mounter(libc)
-    libc_call(libc, "unshare(mount, net)", libc.unshare, CLONE_NEWNS | CLONE_NEWNET)
+def enter_namespaces(
+    mount: Mount, report: dict[str, str], prepared: tuple[str, str] | None, hostdir: str, hide: list[str]
+) -> None:
+    """New mount + network namespaces, and the new root: what needs no session yet (a spare
+    does it ahead of demand). The root is the template's ``prepared`` one, which the new mount
+    namespace holds as a copy; without one the worker builds it in ``hostdir``."""
+    libc_call(LIBC, "unshare(mount, net)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET)
     report["network"] = "network namespace (no interfaces up)"
-    prepared = CONFIG.get("prepared")
     built = None
     try:
         if prepared:
             top, report["proc"] = prepared
         else:
             mount("none", "/", None, MS_REC | MS_PRIVATE)
-            built = top = os.path.join(CONFIG["hostdir"], "root")
+            built = top = os.path.join(hostdir, "root")
             os.mkdir(top, 0o755)
-            report["proc"] = build_shared_root(mount, top, CONFIG["hide"])
-        session_mounts(mount, top, uid)
-        report["root"] = enter_root(libc, mount, top)
+            report["proc"] = build_shared_root(mount, top, hide)
+        report["root"] = enter_root(LIBC, mount, top)
     except BaseException:
         if built:  # drop the half-built root; the weak mode follows
-            libc.umount2(built.encode(), MNT_DETACH)
+            LIBC.umount2(built.encode(), MNT_DETACH)
         report.pop("proc", None)
         raise
+
+
+def isolate_namespaces(uid: int | None, report: dict[str, str]) -> str:
+    """Namespaces and a fresh root that shows only what Python needs, then the session's mounts."""
+    mount = mounter(LIBC)
+    if ENTERED is None:
+        enter_namespaces(mount, report, CONFIG.get("prepared"), CONFIG["hostdir"], CONFIG["hide"])
+    else:
+        report.update(ENTERED)  # a spare entered them before it was assigned
+    try:
+        session_mounts(mount, uid)
+    except OSError as exc:  # inside the new root: no weak mode to fall back to
+        raise RuntimeError(f"the session's mounts in the new root failed: {exc}") from None
     report["filesystem"] = (
         "mount namespace, new root: system and interpreter files only (read-only); "
         "private tmpfs /tmp, /var/tmp, /dev/shm"
@@ -481,7 +489,7 @@ def confine() -> dict[str, str]:
         report["namespaces_error"] = "not root"
     else:
         try:
-            workdir = isolate_namespaces(libc, uid, report)
+            workdir = isolate_namespaces(uid, report)
             mounted = True
         except OSError as exc:
             report["namespaces_error"] = str(exc)
@@ -644,7 +652,7 @@ def main() -> None:
     except BaseException as exc:
         send({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
         os._exit(70)
-    send({"ready": True, "pid": MAIN_PID, "isolation": report})
+    send({"ready": True, "pid": MAIN_PID, "isolation": {**report, "start": START}})
     namespace = {"__name__": "__main__", "__builtins__": builtins}
     number = 0
     while True:
@@ -692,6 +700,13 @@ FORGOTTEN: set[int] = set()  # workers the server stopped waiting for: reaped on
 TEMPLATE_NETWORK = ""  # the template's own network: what a worker without namespaces stays in
 STAGE = ""  # where the template mounts prepared roots, in its own mount namespace ("" if none)
 PREPARED: dict[tuple[str, ...], tuple[str, str] | None] = {}  # hide list: (root, /proc report)
+# Spare children per prepared root: forked ahead of demand, namespaces and root entered, waiting
+# for one session each (pid, the template's end of their socket). Two cover a burst of starts;
+# each costs a process (mostly shared pages) and its two namespaces.
+SPARES_PER_ROOT = 2
+SPARES: dict[tuple[str, ...], list[tuple[int, socket.socket]]] = {}
+ENTERED: dict[str, str] | None = None  # in a spare: what entering its namespaces reported
+START = ""  # how this worker was started, for its report
 _WORKER_FDS = 4  # control in, control out, captured stdout, captured stderr
 
 
@@ -746,7 +761,10 @@ def prepared_root(config: dict[str, Any]) -> tuple[str, str] | None:
         except OSError:
             LIBC.umount2(top.encode(), MNT_DETACH)
             PREPARED[key] = None  # each worker of this list tries itself, and reports why it failed
-    return PREPARED[key]
+    prepared = PREPARED[key]
+    if prepared is not None and not os.path.ismount(prepared[0]):  # the stage was removed on the host
+        PREPARED[key] = prepared = None
+    return prepared
 
 
 def threads() -> int:
@@ -754,22 +772,106 @@ def threads() -> int:
         return int(fh.read().partition(b"\nThreads:")[2].split()[0])
 
 
+def cut_ties(template: socket.socket, keep: list[int]) -> None:
+    """In a forked child, first: close the template's socket, the spares' sockets and every fd
+    not in ``keep``, so that nothing it does can reach the template or another session again."""
+    template.close()
+    for spares in SPARES.values():
+        for _, sock in spares:
+            sock.detach()  # closed below; the object must not close that number again later
+    SPARES.clear()
+    keep = sorted({0, 1, 2, *keep})
+    for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
+        os.closerange(low + 1, high)  # no fd of the template's, or of any other session's
+    os.setsid()  # its own process group: the server kills the worker and its children as one
+
+
+def start_worker(config: dict[str, Any], fds: list[int], how: str) -> None:
+    """Take on one session: its config and its four fds, then confine and serve (main)."""
+    global CONFIG, CTL_IN, CTL_OUT, MAIN_PID, START
+    random.seed()  # os.fork's at-fork hook did too; a session must not predict another's draws
+    CTL_IN, CTL_OUT, out_fd, err_fd = fds
+    CONFIG = {**config, "stdout_fd": out_fd, "stderr_fd": err_fd}
+    MAIN_PID = os.getpid()
+    START = how
+    main()
+
+
 def become_worker(template: socket.socket, config: dict[str, Any], fds: list[int]) -> NoReturn:
-    """In the forked child: cut every tie to the template, then run as a worker (never returns)."""
-    global CONFIG, CTL_IN, CTL_OUT, MAIN_PID
+    """In a child forked for a request: run as that session's worker (never returns)."""
     try:
-        template.close()  # first: nothing the worker does can reach the template again
-        keep = sorted({0, 1, 2, *fds})
-        for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
-            os.closerange(low + 1, high)  # no fd of the template's, or of any other session's
-        os.setsid()  # its own process group: the server kills the worker and its children as one
-        random.seed()  # os.fork's at-fork hook did too; a session must not predict another's draws
-        CTL_IN, CTL_OUT, out_fd, err_fd = fds
-        CONFIG = {**config, "stdout_fd": out_fd, "stderr_fd": err_fd}
-        MAIN_PID = os.getpid()
-        main()
+        cut_ties(template, fds)
+        start_worker(config, fds, "forked from the pre-warmed template process on demand")
     finally:
         os._exit(70)  # whatever happens, a child never returns into the template's loop
+
+
+def become_spare(template: socket.socket, mine: socket.socket, prepared: tuple[str, str]) -> NoReturn:
+    """In a spare child: enter new namespaces and the prepared root, then wait to be assigned one
+    session (its config and fds arrive on ``mine``). It holds nothing of any session until then
+    and runs no code of one before it is confined; it exits if the template goes away."""
+    global ENTERED
+    try:
+        cut_ties(template, [mine.fileno()])
+        report: dict[str, str] = {}
+        enter_namespaces(mounter(LIBC), report, prepared, "", [])
+        ENTERED = report
+        data, fds, _, _ = socket.recv_fds(mine, 1 << 16, _WORKER_FDS)
+        mine.close()
+        if data and len(fds) == _WORKER_FDS:
+            start_worker(json.loads(data), fds, "a spare forked from the template ahead of demand")
+    finally:
+        os._exit(70)
+
+
+def fork_spare(template: socket.socket, key: tuple[str, ...]) -> None:
+    """One more spare for the prepared root of ``key`` (the template keeps its end of the socket)."""
+    prepared = PREPARED.get(key)
+    if prepared is None or threads() != 1:
+        return
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = -1
+    if pid == 0:
+        ours.close()
+        become_spare(template, theirs, prepared)
+    theirs.close()
+    if pid < 0:
+        ours.close()
+        return
+    SPARES.setdefault(key, []).append((pid, ours))
+
+
+def assign_spare(key: tuple[str, ...], config: dict[str, Any], fds: list[int]) -> int | None:
+    """Hand a session to a spare of this root: its pid, or None when none is left alive."""
+    spares = SPARES.get(key, [])
+    while spares:
+        pid, sock = spares.pop(0)
+        try:
+            socket.send_fds(sock, [json.dumps(config).encode()], fds)
+            return pid
+        except OSError:  # it died (killed from outside): reap it, try the next
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        finally:
+            sock.close()
+    return None
+
+
+def refill_spares(template: socket.socket) -> None:
+    """Fork spares up to SPARES_PER_ROOT for every prepared root, while no request waits."""
+    waiting = select.poll()
+    waiting.register(template, select.POLLIN)
+    for key, prepared in list(PREPARED.items()):
+        while prepared is not None and len(SPARES.get(key, ())) < SPARES_PER_ROOT and not waiting.poll(0):
+            before = len(SPARES.get(key, ()))
+            fork_spare(template, key)
+            if len(SPARES.get(key, ())) == before:
+                return  # could not fork now: try again after the next request
 
 
 def reaped(pid: int) -> int | str | None:
@@ -803,9 +905,13 @@ def answer(
     if threads() != 1:  # fork copies only the calling thread: a lock held elsewhere would stay held
         return {"error": "the template has started a thread; it no longer forks"}, None
     config = {**request["config"], "prepared": prepared_root(request["config"])}  # never the server's
-    pid = os.fork()
-    if pid == 0:
-        become_worker(template, config, fds)
+    pid = None
+    if config["prepared"] is not None:
+        pid = assign_spare(tuple(map(str, config.get("hide") or ())), config, fds)
+    if pid is None:
+        pid = os.fork()
+        if pid == 0:
+            become_worker(template, config, fds)
     return {"pid": pid}, os.pidfd_open(pid)  # the server's handle: never a recycled pid
 
 
@@ -836,9 +942,9 @@ def template_main(stage: str) -> NoReturn:
         try:
             data, fds, _, _ = socket.recv_fds(template, 1 << 16, _WORKER_FDS + 1)
         except OSError:
-            os._exit(0)
+            leave(stage)
         if not data:
-            os._exit(0)  # the server is gone
+            leave(stage)  # the server is gone
         pidfd = None
         try:
             reply, pidfd = answer(template, json.loads(data), fds)
@@ -850,10 +956,21 @@ def template_main(stage: str) -> NoReturn:
         try:
             tell(template, reply, () if pidfd is None else (pidfd,))
         except OSError:
-            os._exit(0)
+            leave(stage)
         finally:
             if pidfd is not None:
                 os.close(pidfd)
+        refill_spares(template)  # off the request's path: the server has its answer
+
+
+def leave(stage: str) -> NoReturn:
+    """Exit once the server is gone, removing the directory it made for the stage (it may have
+    died without a chance to: a server killed by a signal runs no atexit)."""
+    with contextlib.suppress(OSError):
+        if STAGE:
+            libc_call(LIBC, "umount stage", LIBC.umount2, STAGE.encode(), MNT_DETACH)
+        os.rmdir(stage)
+    os._exit(0)
 
 
 if __name__ == "__main__":

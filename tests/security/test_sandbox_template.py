@@ -12,6 +12,7 @@ Real templates and confined workers throughout.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,6 +54,13 @@ def rollup(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/smaps_rollup") as fh:
         rows = [line.split() for line in fh]
     return {row[0].rstrip(":"): int(row[1]) for row in rows if len(row) == 3 and row[2] == "kB"}
+
+
+def zygote_spares() -> int:
+    """How many spare children the template keeps per prepared root (its constant)."""
+    with open(zygote.WORKER_PATH) as fh:
+        line = next(line for line in fh if line.startswith("SPARES_PER_ROOT ="))
+    return int(line.split("=")[1])
 
 
 def template_pid() -> int:
@@ -135,8 +143,11 @@ async def test_a_worker_holds_no_fd_of_the_template_or_of_another_session(
             fds
         )  # its control pipes
     template = template_pid()
-    held = sorted(int(fd) for fd in os.listdir(f"/proc/{template}/fd"))
-    assert held == [0, 1, 2, 3], held  # stdio and its socket: nothing of the sessions it forked
+    held = {int(fd): os.readlink(f"/proc/{template}/fd/{fd}") for fd in os.listdir(f"/proc/{template}/fd")}
+    assert sorted(held)[:4] == [0, 1, 2, 3], held  # stdio and its socket
+    spares = {fd: target for fd, target in held.items() if fd > 3}
+    assert len(spares) <= zygote_spares() and all(t.startswith("socket:") for t in spares.values()), held
+    # and one socket per spare child (which holds nothing of any session): no session's fd
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: workers drop to uids of their own")
@@ -345,5 +356,72 @@ async def test_a_workers_mounts_stay_in_its_own_namespace() -> None:
             await second.aclose()
         assert mount_points(template) == template_before
         assert mount_points("self") == host_before
+    finally:
+        await first.aclose()
+
+
+def children_of(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, StopIteration):
+                if parent_of(int(entry)) == pid and _state(int(entry)) not in ("Z", "gone"):
+                    found.add(int(entry))
+    return found
+
+
+async def wait_for_spares(template: int, workers: set[int], count: int) -> set[int]:
+    for _ in range(500):
+        spares = children_of(template) - workers
+        if len(spares) >= count:
+            return spares
+        await anyio.sleep(0.01)
+    raise AssertionError(f"the template {template} keeps no spares: {children_of(template)}")
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="spares are kept only for prepared roots, as root")
+async def test_spares_serve_one_session_each_and_hold_none_before() -> None:
+    """A spare child is forked ahead of demand with its namespaces and root entered; it gets one
+    session, then the template forks another. Before that it runs no code and holds no fd of any
+    session; a spare that died is skipped; spares end with their template."""
+    first = await spawn()
+    try:
+        template = template_pid()
+        spares = await wait_for_spares(template, {first.proc.pid}, zygote_spares())
+        for spare in spares:
+            fds = {os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")}
+            assert {t for t in fds if not t.startswith("socket:")} == {"/dev/null"}, fds
+            assert os.readlink(f"/proc/{spare}/ns/net") != os.readlink(f"/proc/{template}/ns/net")
+            with open(f"/proc/{spare}/status") as fh:
+                assert (
+                    next(line for line in fh if line.startswith("Uid:")).split()[1] == "0"
+                )  # no session yet
+        second = await spawn()
+        try:
+            assert second.proc.pid in spares and second.isolation["start"].startswith("a spare")
+            assert second.uid != first.uid and (await second.run("'x' in globals()")).value == "False"
+            refilled = await wait_for_spares(template, {first.proc.pid, second.proc.pid}, zygote_spares())
+            assert second.proc.pid not in refilled  # a spare is handed out once
+            for spare in refilled:
+                os.kill(spare, signal.SIGKILL)  # dead spares are skipped: the worker is forked on demand
+            for _ in range(500):
+                if all(_state(pid) in ("Z", "gone") for pid in refilled):
+                    break
+                await anyio.sleep(0.01)
+            third = await spawn()
+            try:
+                assert (await third.run("6 * 7")).value == "42" and third.proc.pid not in refilled
+            finally:
+                await third.aclose()
+            last = await wait_for_spares(template, {first.proc.pid, second.proc.pid}, zygote_spares())
+            zygote.template_for(sys.executable).stop()
+            for _ in range(500):
+                if not any(_state(pid) not in ("Z", "gone") for pid in last):
+                    break
+                await anyio.sleep(0.01)
+            assert all(_state(pid) in ("Z", "gone") for pid in last)  # no template, no spares
+            assert (await second.run("1 + 1")).value == "2"  # sessions run on without their template
+        finally:
+            await second.aclose()
     finally:
         await first.aclose()
