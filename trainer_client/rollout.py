@@ -88,6 +88,9 @@ class StopReason(StrEnum):
     USER_STOP = "user_stop"  # the simulated user ended the conversation (a stop signal)
     MAX_USER_TURNS = "max_user_turns"  # the simulated user had said all it may (max_user_turns)
     USER_ERROR = "user_error"  # the simulated user could not be asked (see Trajectory.error)
+    # The session's state is gone (its replica died or restarted, or it expired): the rest
+    # of the trajectory would run against an empty world, so it ends unscored (see error).
+    SESSION_LOST = "session_lost"
 
 
 @dataclass
@@ -309,7 +312,8 @@ class RolloutCore:
         try:
             state.prompt_ids = self.renderer.prompt_ids(task.messages, task.tools)
             await self._loop(state, {**self.config.sampling_params, **(sampling_params or {})})
-            await self._verify(state)
+            if state.stop_reason != StopReason.SESSION_LOST:
+                await self._verify(state)
         except Exception as exc:
             logger.exception("trajectory %s failed", state.session_id)
             state.stop_reason = StopReason.ERROR
@@ -392,6 +396,8 @@ class RolloutCore:
                 observations = user_turn
             else:
                 observations = await self._invoke(s, outcome.calls, outcome.errors)
+                if s.stop_reason == StopReason.SESSION_LOST:
+                    return
 
             cpu_start = time.perf_counter()
             splice = self._render(observations, turn_ids, s.task.tools, s)
@@ -525,6 +531,7 @@ class RolloutCore:
                 if result.is_error and error is None:
                     error = protocol.ErrorKind.TOOL_ERROR.value
                 records[i].update(elapsed_ms=result.elapsed_ms, cached=result.cached, error=error)
+                _note_lost_session(s, result.error)
         s.calls += records
         dropped = parsed[limit:]
         if dropped:
@@ -641,6 +648,7 @@ class RolloutCore:
             s.metrics["verify_s"] = time.perf_counter() - started
         if result.is_error:
             s.metrics["verify_error"] = result.error.message if result.error else "verifier error"
+            _note_lost_session(s, result.error)
             return
         s.reward_score = float(result.score)
         s.reward_components = dict(result.components)
@@ -652,6 +660,13 @@ class RolloutCore:
         except Exception as exc:  # the server expires sessions anyway; never mask the result
             logger.warning("releasing session %s failed: %s", s.session_id, exc)
             s.metrics["release_error"] = f"{type(exc).__name__}: {exc}"
+
+
+def _note_lost_session(s: _State, error: protocol.ErrorInfo | None) -> None:
+    """End the trajectory when the server no longer holds its session (``unknown_session``)."""
+    if error is not None and error.kind == protocol.ErrorKind.UNKNOWN_SESSION and s.error is None:
+        s.stop_reason = StopReason.SESSION_LOST
+        s.error = error.message
 
 
 def task_environment(task: Task) -> dict[str, str] | None:

@@ -540,3 +540,42 @@ def test_pythonic_positional_arguments_bind_to_the_task_schema(smol_tokenizer: A
     )
     without = asyncio.run(core.run(Task([{"role": "user", "content": "2+3?"}])))
     assert "uses positional arguments" in next(m["content"] for m in without.messages if m["role"] == "tool")
+
+
+def test_a_lost_session_ends_the_trajectory_unscored(smol_tokenizer: Any) -> None:
+    """``unknown_session`` (the replica restarted, or the session expired) ends the trajectory
+    at once: the rest would run against an empty world, so nothing more is generated, the
+    verifier is not asked, and the session is still released."""
+    lost = "session s is not on this replica: the process it was opened on is gone"
+
+    class Invoker(InProcessInvoker):
+        async def call_tools(self, calls: list[protocol.Call]) -> list[protocol.Result]:
+            if len(self.batches) == 1:  # the second turn's calls find the session gone
+                self.batches.append(list(calls))
+                return [
+                    protocol.Result.failure(c.call_id, protocol.ErrorKind.UNKNOWN_SESSION, lost)
+                    for c in calls
+                ]
+            return await super().call_tools(calls)
+
+    class Verifier:
+        asked = 0
+
+        async def verify(self, requests: list[protocol.VerifyRequest]) -> list[protocol.VerifyResult]:
+            Verifier.asked += 1
+            return [protocol.VerifyResult(score=1.0) for _ in requests]
+
+    call = '<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>'
+    turns = [call, call, call, "<answer>hi</answer>"]
+    generator = ScriptedGenerator([ScriptedTurn(encode(smol_tokenizer, t) + [EOS]) for t in turns])
+    invoker = Invoker(TOOLS)
+    config = RolloutConfig(max_turns=5, verifier="exact_match")
+    core = RolloutCore(smol_tokenizer, generator, invoker, config, verifier=Verifier())
+    tr = asyncio.run(core.run(Task([{"role": "user", "content": "q"}], ground_truth="hi")))
+    assert (tr.stop_reason, tr.error, tr.reward_score) == (StopReason.SESSION_LOST, lost, None)
+    assert len(generator.calls) == 2 and Verifier.asked == 0
+    assert [m["content"] for m in tr.messages if m["role"] == "tool"] == [
+        "hi"
+    ]  # the lost turn is not spliced
+    assert [r["error"] for r in tr.calls] == [None, "unknown_session"]
+    assert invoker.released == [tr.session_id]
