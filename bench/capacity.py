@@ -318,9 +318,19 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             check=lambda status, _body: status in (200, 204),
         )
         figures.update(await measure_client(url))
+        figures["loop_wake_cpu_us"] = await loop_wake_cpu_us()
         if not args.skip_python:
             figures.update(await measure_python(url, pid, args))
     return figures
+
+
+async def loop_wake_cpu_us(wakes: int = 500, gap_s: float = 0.002) -> float:
+    """CPU of one wake-up of an idle asyncio loop (this process): the machine's constant
+    under every "wake" figure (a few µs on bare metal; far more under nested virtualisation)."""
+    start = time.process_time()
+    for _ in range(wakes):
+        await asyncio.sleep(gap_s)
+    return (time.process_time() - start) / wakes * 1e6
 
 
 async def measure_client(url: str, posts: int = 300) -> dict[str, float]:
