@@ -294,9 +294,10 @@ def build_shared_root(mount: Mount, top: str, hide: list[str]) -> str:
 
 def session_mounts(mount: Mount, uid: int | None) -> None:
     """What is this session's own, mounted inside the new root: /etc/passwd and /etc/group that
-    name its uid (written on a scratch tmpfs that is dropped once they are bound read-only), and
-    private tmpfs mounts owned by its uid."""
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,nr_inodes=8,mode=0700")
+    name its uid (written on a scratch tmpfs at /tmp and bound read-only from there), then
+    private tmpfs mounts owned by its uid, the /tmp one over the scratch: no path reaches the
+    scratch again, and unmounting it would cost an RCU grace period on the start's path."""
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,nr_inodes=8,mode=0700")
     named = uid is not None
     texts = (
         "root:x:0:0::/root:/usr/sbin/nologin\n"
@@ -305,11 +306,11 @@ def session_mounts(mount: Mount, uid: int | None) -> None:
     )
     for path, text in zip(IDENTITY_FILES, texts, strict=True):
         scratch = "/tmp/" + os.path.basename(path)
-        with open(scratch, "w") as fh:
-            fh.write(text)
+        fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, text.encode())
+        os.close(fd)
         mount(scratch, path, None, MS_BIND)
         mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    libc_call(LIBC, "umount scratch", LIBC.umount2, b"/tmp", MNT_DETACH)  # the binds keep their files
     owner = f",uid={uid},gid={uid}" if named else ""
     for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
         mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
