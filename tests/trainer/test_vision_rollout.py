@@ -27,7 +27,7 @@ from tests.support.tiny_vlm import ZOOM, ImageInvoker, png_block, tiny_model, ti
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.cli import trajectory_record
 from trainer_client.dataset import TaskRow
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.rollout import TRUNCATION_MARKER, RolloutConfig, RolloutCore, StopReason, Task, Trajectory
 from trainer_client.vision import VisionChatRenderer, decode_image, training_inputs
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
@@ -245,3 +245,25 @@ def test_counted_image_tokens_agree_with_the_processor_or_are_not_used(processor
     fallback = VisionChatRenderer(lying.tokenizer, lying)
     assert fallback.splice(observation(1), turn).ids == by_processor(observation(1))
     assert fallback._fast_checks_left == -1
+
+
+def test_long_text_beside_an_image_is_cut_and_the_image_kept_in_place(processor: Any) -> None:
+    block = png_block(60, 60, seed=9)
+    budget = 80
+    words = "word " * 300
+    tr, _ = roll(
+        processor,
+        ImageInvoker({"zoom": [block]}),
+        [_call("zoom", words), "<answer>x</answer>"],
+        max_obs_tokens=budget,
+    )
+    content = tr.messages[2]["content"]
+    assert content[1] is block and len(tr.images) == 1
+    assert content[0]["type"] == "text" and content[0]["text"].startswith("View word word")
+    assert "...[truncated " in content[0]["text"] and "images_not_shown" not in tr.metrics
+    start = tr.response_mask.index(0)
+    end = tr.response_mask.index(1, start)
+    empty = roll(processor, ImageInvoker({"zoom": []}), [_call("zoom", ""), "<answer>x</answer>"])[0]
+    overhead = empty.response_mask.count(0) - len(_ids(processor, "View ."))
+    marker = len(_ids(processor, TRUNCATION_MARKER.format(n=1000)))
+    assert end - start <= budget + overhead + marker + 2  # as for text: the marker comes on top
