@@ -20,7 +20,11 @@ from protocol.messages import (
     new_session_id,
 )
 from protocol.tool import (
+    CALL_ID_META_KEY,
+    ENV_META_KEY,
+    INSTANCE_META_KEY,
     META_KEY,
+    SESSION_META_KEY,
     SessionState,
     ToolContext,
     ToolMeta,
@@ -31,7 +35,11 @@ from protocol.tool import (
 )
 
 __all__ = [
+    "CALL_ID_META_KEY",
+    "ENV_META_KEY",
+    "INSTANCE_META_KEY",
     "META_KEY",
+    "SESSION_META_KEY",
     "Call",
     "ErrorInfo",
     "ErrorKind",

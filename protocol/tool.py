@@ -16,6 +16,11 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from protocol.images import image_block
 
 META_KEY = "toolfactory"  # key under the MCP Tool ``_meta`` that holds ToolMeta fields
+# ``_meta`` keys of an MCP ``tools/call`` request that our server reads (others ignore them).
+SESSION_META_KEY = f"{META_KEY}/session"  # the trajectory's session id
+CALL_ID_META_KEY = f"{META_KEY}/call_id"  # the client's idempotency key
+ENV_META_KEY = f"{META_KEY}/environment"  # {"pack", "task"}: the environment task the session plays
+INSTANCE_META_KEY = f"{META_KEY}/instance"  # the server process the client expects the session on
 _ATTR = "__toolfactory_meta__"
 
 ToolKind = Literal["program", "model", "agent", "verifier", "upstream"]

@@ -22,7 +22,17 @@ from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import TypeAdapter
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from protocol import META_KEY, Call, ErrorKind, Result, ToolError
+from protocol import (
+    CALL_ID_META_KEY,
+    ENV_META_KEY,
+    INSTANCE_META_KEY,
+    META_KEY,
+    SESSION_META_KEY,
+    Call,
+    ErrorKind,
+    Result,
+    ToolError,
+)
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.auth import is_loopback
 from tool_server.config import Config
@@ -32,11 +42,6 @@ from tool_server.http_api import caller_of
 MCP_REQUESTS_PER_COLLECT = 256
 # More results stored since the last collection than this: skip it (see _CollectingEvery).
 MAX_RESULTS_BETWEEN_COLLECTS = 20_000
-SESSION_META_KEY = f"{META_KEY}/session"  # _meta key carrying the trajectory session id
-CALL_ID_META_KEY = f"{META_KEY}/call_id"  # optional client-chosen idempotency key
-ENV_META_KEY = f"{META_KEY}/environment"  # {"pack", "task"}: the environment task the session plays
-# The process the client expects its session on (a session call's result names this one).
-INSTANCE_META_KEY = f"{META_KEY}/instance"
 
 
 def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:

@@ -46,7 +46,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult
 
-from protocol import META_KEY, ErrorKind, Result, SessionState, ToolMeta
+from protocol import CALL_ID_META_KEY, META_KEY, SESSION_META_KEY, ErrorKind, Result, SessionState, ToolMeta
 from protocol.messages import ErrorInfo
 
 if TYPE_CHECKING:
@@ -56,8 +56,6 @@ logger = logging.getLogger(__name__)
 
 State = Literal["stopped", "starting", "ready", "restarting", "exited"]
 
-SESSION_META_KEY = f"{META_KEY}/session"  # the trajectory session id, as on our own /mcp
-CALL_ID_META_KEY = f"{META_KEY}/call_id"
 DEFAULT_SEPARATOR = "__"
 MAX_NAME_LENGTH = 64  # OpenAI function names: ^[a-zA-Z0-9_-]{1,64}$
 _NAME_BAD = re.compile(r"[^A-Za-z0-9_-]")

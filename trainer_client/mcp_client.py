@@ -7,7 +7,10 @@ should use the batch API where it exists; this mode is for interoperability.
 
 MCP has no batching, and a failed call is not retried here: it comes back as an
 error result. The trajectory's session id and the call_id travel in the request
-``_meta`` (MCP 2026-07-28 is stateless); servers other than ours ignore them.
+``_meta`` (MCP 2026-07-28 is stateless); servers other than ours ignore them. So does the
+server process a session was opened on, as our server names it in a session call's result:
+a restarted server then refuses the session (``unknown_session``) instead of starting it
+empty, and the rollout ends that trajectory (see docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -24,11 +27,18 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types.jsonrpc import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
 
-from protocol import META_KEY, Call, ErrorInfo, ErrorKind, Result
+from protocol import (
+    CALL_ID_META_KEY,
+    INSTANCE_META_KEY,
+    META_KEY,
+    SESSION_META_KEY,
+    Call,
+    ErrorInfo,
+    ErrorKind,
+    Result,
+)
 from trainer_client.client import TOKEN_ENV
 
-SESSION_META_KEY = f"{META_KEY}/session"  # where our server reads the trajectory's session id
-CALL_ID_META_KEY = f"{META_KEY}/call_id"  # our server's idempotency key on MCP (others ignore it)
 ERROR_KIND_META_KEY = "error_kind"  # under _meta[META_KEY] of a result: the protocol ErrorKind
 
 
@@ -67,6 +77,7 @@ class McpToolClient:
         self._connecting = asyncio.Lock()
         self.calls = 0
         self.errors: dict[str, int] = {}
+        self._instances: dict[str, str] = {}  # session -> the server process that answered for it
 
     async def __aenter__(self) -> McpToolClient:
         await self._connect()
@@ -134,6 +145,8 @@ class McpToolClient:
         meta: dict[str, Any] = {CALL_ID_META_KEY: call.call_id}
         if call.session:
             meta[SESSION_META_KEY] = call.session
+            if call.session in self._instances:
+                meta[INSTANCE_META_KEY] = self._instances[call.session]
         start = time.perf_counter()
         self.calls += 1
         async with self._limit:
@@ -152,6 +165,9 @@ class McpToolClient:
         result = Result(
             call.call_id, content, answer.structured_content, bool(answer.is_error), elapsed_ms=elapsed
         )
+        instance = ((answer.meta or {}).get(META_KEY) or {}).get("instance")
+        if call.session and isinstance(instance, str):
+            self._instances.setdefault(call.session, instance)
         if result.is_error:
             result.error = ErrorInfo(_error_kind(answer.meta), result.text)
             self.errors[result.error.kind.value] = self.errors.get(result.error.kind.value, 0) + 1
@@ -159,7 +175,7 @@ class McpToolClient:
 
     async def release_session(self, session_id: str) -> None:
         """MCP has no session release: state of stateful tools expires with the server's TTL."""
-        return None
+        self._instances.pop(session_id, None)
 
     async def aclose(self) -> None:
         owner, self._owner, self._client = self._owner, None, None

@@ -252,6 +252,26 @@ async def test_the_instance_fence_over_http_and_mcp(replica: Restartable) -> Non
     assert after.meta["toolfactory"]["instance"] != me
 
 
+async def test_the_mcp_invoker_names_the_process_and_sees_a_restart(replica: Restartable) -> None:
+    """``McpToolClient`` (a rollout over plain MCP) sends back the process a session was
+    opened on: after a restart that session is ``unknown_session``, not an empty notebook,
+    while a new session opens on the new process. Without the echo the old id would open
+    afresh there (the last assertion shows what an unfenced call gets)."""
+    from trainer_client.mcp_client import McpToolClient
+
+    session, fresh = f"mcp-{uuid.uuid4().hex}", f"mcp-{uuid.uuid4().hex}"
+    async with McpToolClient(replica.url + "/mcp/test", mode="2026-07-28") as client:
+        (first,) = await client.call_tools([notebook(session, "a")])
+        assert first.structured["lines"] == ["a"], first
+        await asyncio.to_thread(replica.restart)
+        gone, new = await client.call_tools([notebook(session, "b"), notebook(fresh, "c")])
+    assert lost(gone) and "is not on this replica" in gone.text, gone
+    assert not new.is_error and new.structured["lines"] == ["c"], new
+    async with McpToolClient(replica.url + "/mcp/test", mode="2026-07-28") as unfenced:
+        (reopened,) = await unfenced.call_tools([notebook(session, "b")])
+    assert reopened.structured["lines"] == ["b"]  # a client that never saw the instance: created on first use
+
+
 # --------------------------------------------------------------------------- a rollout
 
 
