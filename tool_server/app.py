@@ -31,7 +31,10 @@ def configure_sandbox(config: Config) -> None:
     from tools.sandbox import configure_uids
 
     try:
-        configure_uids(config.sandbox.uids(), config.sandbox.claims_dir)
+        sandbox = config.sandbox
+        auto = sandbox.replicas if sandbox.replica_index is None else None
+        uids = configure_uids(sandbox.uids(), sandbox.claims_dir, replicas=auto)
+        log.info("sandbox uids %d-%d", uids[0], uids[-1])
     except (ValueError, OSError) as exc:
         raise ConfigError(str(exc)) from None
 

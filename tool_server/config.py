@@ -163,15 +163,22 @@ class SandboxConfig:
 
     uid_range: str = "200000-299999"  # FIRST-LAST, inclusive; split below among the replicas of a node
     replicas: int = 1  # replicas on one node sharing uid_range (each takes an equal slice)
-    replica_index: int = 0  # this replica's slice, 0 .. replicas-1 (e.g. a StatefulSet ordinal)
+    # This replica's slice, 0 .. replicas-1 (e.g. a StatefulSet ordinal); null: the first slice
+    # no live server has claimed in claims_dir (pods of a Deployment sharing a node's directory).
+    replica_index: int | None = 0
     claims_dir: str | None = None  # e.g. /run/toolfactory-uids: refuse to start on an overlapping live claim
 
     def uids(self) -> range:
-        """This replica's uids; ConfigError when the range or the slice is invalid."""
+        """This replica's uids (the whole range when the slice is picked at start); ConfigError
+        when the range or the slice is invalid."""
         from tools.sandbox_uids import parse_uid_range, replica_slice
 
         try:
-            return replica_slice(parse_uid_range(self.uid_range), self.replica_index, self.replicas)
+            if self.replica_index is None and self.claims_dir is None:
+                raise ValueError("sandbox.replica_index null (pick a free slice) needs sandbox.claims_dir")
+            uids = parse_uid_range(self.uid_range)
+            mine = replica_slice(uids, self.replica_index or 0, self.replicas)  # checks replicas too
+            return mine if self.replica_index is not None else uids
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
 

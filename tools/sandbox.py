@@ -154,7 +154,7 @@ from typing import Any
 
 import anyio
 
-from tools.sandbox_uids import DEFAULT_UIDS, UidClaim
+from tools.sandbox_uids import DEFAULT_UIDS, UidClaim, claim_free_slice
 from tools.sandbox_zygote import (
     WORKER_PATH,
     ForkedProcess,
@@ -228,10 +228,9 @@ class _UidAllocator:
     def uids(self) -> range:
         return self._uids
 
-    def use(self, uids: range, claims_dir: str | None) -> None:
-        """Draw from ``uids`` from now on, claimed in ``claims_dir`` (ValueError on an overlap).
-        Workers already running keep their uids, which stay taken until they are released."""
-        claim = UidClaim(uids, claims_dir) if claims_dir is not None else None
+    def use(self, uids: range, claim: UidClaim | None) -> None:
+        """Draw from ``uids`` from now on (held by ``claim``). Workers already running keep
+        their uids, which stay taken until they are released."""
         with self._lock:
             old, self._claim, self._uids = self._claim, claim, uids
         if old is not None:
@@ -258,10 +257,22 @@ class _UidAllocator:
 _UIDS = _UidAllocator(UID_RANGE)
 
 
-def configure_uids(uids: range, claims_dir: str | None = None) -> None:
-    """This replica's worker uids (a slice no other replica on the node uses: see
-    ``tools.sandbox_uids``); with ``claims_dir``, claimed there for the life of the process."""
-    _UIDS.use(uids, claims_dir)
+def configure_uids(uids: range, claims_dir: str | None = None, *, replicas: int | None = None) -> range:
+    """This replica's worker uids, a slice no other replica on the node uses (``tools.sandbox_uids``).
+
+    With ``claims_dir`` the range is claimed there for the life of the process (ValueError when
+    a live server's claim overlaps it); with ``replicas`` too, the first free one of that many
+    slices of ``uids`` is taken. Returns the range in use.
+    """
+    if replicas is not None:
+        if claims_dir is None:
+            raise ValueError("a sandbox uid slice picked automatically needs a claims directory")
+        claim = claim_free_slice(uids, replicas, claims_dir)
+        uids = claim.uids
+    else:
+        claim = UidClaim(uids, claims_dir) if claims_dir is not None else None
+    _UIDS.use(uids, claim)
+    return uids
 
 
 _LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()

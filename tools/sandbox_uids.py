@@ -19,8 +19,17 @@ import contextlib
 import fcntl
 import os
 import secrets
+import time
 
-__all__ = ["DEFAULT_CLAIMS_DIR", "DEFAULT_UIDS", "UidClaim", "parse_uid_range", "replica_slice"]
+__all__ = [
+    "DEFAULT_CLAIMS_DIR",
+    "DEFAULT_UIDS",
+    "UidClaim",
+    "UidsTaken",
+    "claim_free_slice",
+    "parse_uid_range",
+    "replica_slice",
+]
 
 DEFAULT_UIDS = range(200_000, 300_000)
 DEFAULT_CLAIMS_DIR = "/run/toolfactory-uids"
@@ -67,6 +76,10 @@ def _show(uids: range) -> str:
     return f"{uids[0]}-{uids[-1]}" if len(uids) else "empty"
 
 
+class UidsTaken(ValueError):
+    """The range overlaps the live claim of another server on this node."""
+
+
 class UidClaim:
     """This process's claim on ``uids`` in ``directory``; ValueError when a live claim overlaps."""
 
@@ -78,10 +91,12 @@ class UidClaim:
         self._fd = os.open(self.path + ".new", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            os.write(self._fd, f"{uids[0]} {uids[-1]}\n".encode())
+            self._stamp = (time.time_ns(), os.path.basename(self.path))
+            os.write(self._fd, f"{uids[0]} {uids[-1]} {self._stamp[0]}\n".encode())
             os.rename(self.path + ".new", self.path)  # a visible claim is complete and locked
-            # Claims are published before others are read: two replicas starting at once both
-            # see the other's claim and both refuse, never both go on.
+            # Claims are published before others are read, and of two overlapping live claims
+            # the older one (time, then name) stands: of two replicas starting at once exactly
+            # one gives way, and a new claim never displaces a running server's.
             for name in sorted(os.listdir(directory)):
                 other = os.path.join(directory, name)
                 if name.endswith(".claim") and other != self.path:
@@ -99,9 +114,10 @@ class UidClaim:
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:  # held: a live replica's claim
-                first, last = (int(x) for x in os.pread(fd, 64, 0).split()[:2])
-                if first <= self.uids[-1] and self.uids[0] <= last:
-                    raise ValueError(
+                first, last, stamp = (int(x) for x in os.pread(fd, 128, 0).split()[:3])
+                older = (stamp, os.path.basename(path)) < self._stamp
+                if first <= self.uids[-1] and self.uids[0] <= last and older:
+                    raise UidsTaken(
                         f"sandbox uid range {_show(self.uids)} overlaps {first}-{last}, claimed by another "
                         f"server on this node ({path}); give each replica its own range "
                         "(sandbox.uid_range, or sandbox.replica_index of sandbox.replicas)"
@@ -113,9 +129,23 @@ class UidClaim:
             os.close(fd)
 
     def release(self) -> None:
+        """Give the range up (also done by the kernel when the process ends: the lock goes)."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
             for path in (self.path, self.path + ".new"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
             os.close(fd)
+
+
+def claim_free_slice(uids: range, replicas: int, directory: str = DEFAULT_CLAIMS_DIR) -> UidClaim:
+    """The first of ``replicas`` equal slices of ``uids`` that no live server here has claimed."""
+    for index in range(replicas):
+        try:
+            return UidClaim(replica_slice(uids, index, replicas), directory)
+        except UidsTaken:
+            continue
+    raise ValueError(
+        f"all {replicas} sandbox uid slices of {_show(uids)} are claimed by live servers in {directory}; "
+        "raise sandbox.replicas (smaller slices) or widen sandbox.uid_range"
+    )

@@ -90,6 +90,29 @@ def test_two_replicas_of_one_node_hand_out_disjoint_uids(tmp_path: Path) -> None
     assert first_uids <= set(range(300000, 300005)) and second_uids <= set(range(300005, 300010))
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="workers get uids of their own only as root")
+def test_replicas_started_at_once_pick_free_slices_of_their_own(tmp_path: Path) -> None:
+    """Pods of a Deployment have no index: each takes the first slice no live server has claimed
+    (``replica_index: null``); started at the same moment, they still end up apart."""
+    env = settings(tmp_path, uid_range="300100-300129", replicas=3, replica_index="")
+    procs = [replica(env, sessions=2) for _ in range(3)]
+    uids = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline() == "claimed\n", proc.communicate(timeout=60)
+            uids.append({given for given, _ in ast.literal_eval(proc.stdout.readline())})
+        slices = sorted(min(seen) // 10 for seen in uids)
+        assert slices == [30010, 30011, 30012], uids  # one slice of ten uids each
+        assert all(len({uid // 10 for uid in seen}) == 1 for seen in uids), uids
+        fourth = replica(env, sessions=0)
+        _, err = fourth.communicate(timeout=60)
+        assert "all 3 sandbox uid slices of 300100-300129 are claimed" in err, err
+    finally:
+        for proc in procs:
+            proc.communicate("\n", timeout=60)
+
+
 def test_a_range_overlapping_a_live_replicas_claim_is_refused(tmp_path: Path) -> None:
     claims = tmp_path / "claims"
     holder = replica(settings(tmp_path, uid_range="400000-400999"), sessions=0)
@@ -129,6 +152,7 @@ def test_the_claim_of_a_dead_replica_is_taken_over(tmp_path: Path) -> None:
         ({"uid_range": "300010-300000"}, "empty"),
         ({"replicas": 2, "replica_index": 2}, "expected 0 <= index < replicas"),
         ({"uid_range": "300000-300002", "replicas": 4}, "too small for 4 replicas"),
+        ({"replica_index": ""}, "needs sandbox.claims_dir"),
     ],
 )
 def test_an_invalid_uid_range_is_a_clear_config_error(keys: dict[str, object], message: str) -> None:
