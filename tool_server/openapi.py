@@ -94,6 +94,23 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
+# A restarted replica refuses the sessions of the process a client names (docs/scaling.md).
+INSTANCE_PARAMETER = {
+    "name": "X-Toolfactory-Instance",
+    "in": "header",
+    "required": False,
+    "description": "The server process the client expects its sessions on (from an earlier answer's "
+    "header): sessions this process does not hold then get unknown_session instead of starting empty",
+    "schema": {"type": "string"},
+}
+INSTANCE_ANSWER = {
+    "X-Toolfactory-Instance": {
+        "description": "This server process's instance id",
+        "schema": {"type": "string"},
+    }
+}
+
+
 def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Malformed body",
@@ -116,6 +133,7 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/calls": {
                 "post": {
                     "summary": "Run a batch of tool calls; one result per call, in order",
+                    "parameters": [INSTANCE_PARAMETER],
                     "requestBody": {
                         "required": True,
                         **_json(
@@ -129,6 +147,7 @@ def openapi_spec() -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "Results",
+                            "headers": INSTANCE_ANSWER,
                             **_json(
                                 {
                                     "type": "object",
@@ -144,6 +163,7 @@ def openapi_spec() -> dict[str, Any]:
             "/v1/verify": {
                 "post": {
                     "summary": "Score a batch of trajectories with named verifiers",
+                    "parameters": [INSTANCE_PARAMETER],
                     "requestBody": {
                         "required": True,
                         **_json(
@@ -157,6 +177,7 @@ def openapi_spec() -> dict[str, Any]:
                     "responses": {
                         "200": {
                             "description": "Scores",
+                            "headers": INSTANCE_ANSWER,
                             **_json(
                                 {
                                     "type": "object",
