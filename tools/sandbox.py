@@ -9,8 +9,11 @@ A worker is ``fork``-ed from a pre-warmed *template* process (``tools.sandbox_zy
 one per interpreter, ``python -I tools/sandbox_worker.py --template``, holding the
 interpreter, the worker's modules and a fixed list of standard modules; pages shared
 copy-on-write). The template never receives code, only "fork a worker with this config and
-these fds". The forked child cuts every tie to it (its socket and every other fd closed,
-``random`` re-seeded, a process group of its own), then the bootstrap (trusted code,
+these fds"; as root it also builds the read-only root below once, in its own mount
+namespace, and keeps two spare children per root that have entered their namespaces and
+that root ahead of demand (each handed one session). The forked child cuts every tie to it
+(its socket and every other fd closed, ``random`` re-seeded, a process group of its own),
+then the bootstrap (trusted code,
 standard library only) confines its own process *before* it reads any untrusted code, and
 serves requests over two control pipes: each request's code is ``exec``-ed in one
 persistent namespace (exec happens only inside the confined child), the value of a
@@ -27,16 +30,18 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   user + network namespace instead. Where the kernel refuses both, an audit hook blocks
   ``socket.connect/bind/sendto/sendmsg`` in the interpreter (a weaker fallback: code that
   calls libc through ctypes is not stopped).
-* **filesystem, deny by default**: a private mount namespace whose root is a fresh tmpfs
-  (``pivot_root``; the host's tree is detached) holding only: read-only binds of ``/usr``,
+* **filesystem, deny by default**: a private mount namespace whose root is a tmpfs
+  (``pivot_root``; the host's tree is detached; the template builds it once per ``hide`` list
+  and each worker gets a copy of it with its mount namespace) holding only: read-only binds of ``/usr``,
   ``/bin``, ``/sbin``, ``/lib*``, ``/etc/ld.so.cache``, ``/etc/ld.so.conf*``,
   ``/etc/localtime``, ``/etc/alternatives``, and of the interpreter's own tree (its
   prefixes, executable and the ``sys.path`` entries; an entry inside a ``hide`` directory
   is left out unless it lies in a prefix); a synthetic ``/etc/passwd`` and ``/etc/group``
   (root and the sandbox user); ``/dev/{null,zero,full,random,urandom}`` and ``/dev/fd``;
   a fresh ``/proc`` with ``hidepid=invisible`` (once the worker has dropped to its own
-  uid it lists only that uid's processes, not the server's or other sandboxes'); and
-  private, size-capped tmpfs mounts (mode 0700, owned by the worker's uid) on ``/tmp``
+  uid it lists only that uid's processes, not the server's or other sandboxes'); and,
+  mounted by each worker in its own namespace, private, size-capped tmpfs mounts (mode
+  0700, owned by the worker's uid) on ``/tmp``
   (``tmpfs_mb``, the working directory), ``/var/tmp`` and ``/dev/shm`` (4 MB each).
   Nothing else exists inside: no ``/home``, ``/root``, ``/opt``, ``/srv``, ``/run``,
   ``/mnt``, ``/sys``, no config or tokens file, no project checkout (a venv inside the
@@ -114,7 +119,9 @@ list, only for x86_64 and aarch64 (elsewhere ``isolation['seccomp']`` says
 (libffi closures) need it and native code reaches no syscall that ctypes does not
 already reach. There are no ptys (``/dev/pts``). Without a dedicated uid a worker that
 dies mid-call can leave orphans behind. ``run_python`` (one-shot) workers are outside
-any pool's fleet budget.
+any pool's fleet budget, and so are the template and its spare children (two per prepared
+root, ~0.8-1 MB private memory each, the rest shared with the template, plus their two
+namespaces).
 
 Captured output goes to two memfds created by the server and passed to the worker as
 fds 1 and 2, so everything lands there (``print``, ``os.write(1, ...)``, C extensions,

@@ -1,14 +1,19 @@
 """The sandbox's side: the template process and the workers it forks.
 
-``tools.sandbox_zygote`` starts ``python -I sandbox_worker.py --template``: the *template*
+``tools.sandbox_zygote`` starts ``python -I sandbox_worker.py --template STAGE``: the *template*
 (a zygote) imports this module and a fixed list of standard modules (``COMMON_MODULES``),
 freezes them for the garbage collector, and then only ever answers two requests from the
 server on its socket: "fork a worker with this config and these four fds" and "reap this
-worker". It never receives code. Each forked child closes the template's socket and every
-fd not its own, re-seeds ``random``, then confines its own process (namespaces, new root,
-uid, limits, seccomp: what each step guarantees is in ``tools.sandbox``'s docstring) and
-serves requests framed on its control pipes: each request's code is ``exec``-ed in one
-persistent namespace, and the value of a trailing expression is returned like a REPL does.
+worker". It never receives code. As root it also builds, once per ``hide`` list and in a
+mount namespace of its own, the read-only root every worker gets (``build_root``; a
+worker's ``unshare(CLONE_NEWNS)`` copies it), and keeps ``SPARES_PER_ROOT`` spare children
+that have entered their namespaces and that root ahead of demand; a fork request is handed
+to a spare when one is ready. Each child (spare or forked on demand) closes the template's
+socket and every fd not its own, re-seeds ``random`` once it has its session, then confines
+its own process (namespaces, new root, its session's mounts, uid, limits, seccomp: what each
+step guarantees is in ``tools.sandbox``'s docstring) and serves requests framed on its
+control pipes: each request's code is ``exec``-ed in one persistent namespace, and the value
+of a trailing expression is returned like a REPL does.
 
 Standard library only, nothing from the project: it runs under whichever interpreter the
 server names, with the project's files hidden. The interpreter reads and compiles this
@@ -260,20 +265,47 @@ def mount_proc(root: Root) -> str:
         return f"host processes visible ({exc})"
 
 
-def build_shared_root(mount: Mount, top: str, hide: list[str]) -> str:
-    """A tmpfs at top laid out like /, holding only what Python needs (deny by default), sealed
-    read-only; the per-session parts (``session_mounts``) go on its empty mount points.
+def identity(uid: int | None) -> tuple[str, str]:
+    """/etc/passwd and /etc/group: root and, as root, the worker's own uid."""
+    named = uid is not None
+    return (
+        "root:x:0:0::/root:/usr/sbin/nologin\n"
+        + (f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if named else ""),
+        "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if named else ""),
+    )
 
-    What it holds is the same for every session of one ``hide`` list, so the template builds
-    it once per list in its own mount namespace and each worker gets it as a copy of that
-    namespace. Returns how /proc is confined.
+
+def private_tmpfs(mount: Mount, top: str, uid: int | None) -> None:
+    """The session's writable places: size-capped tmpfs mounts, mode 0700, owned by its uid."""
+    owner = f",uid={uid},gid={uid}" if uid is not None else ""
+    for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
+        mount(
+            "tmpfs",
+            top + path,
+            "tmpfs",
+            MS_NOSUID | MS_NODEV,
+            f"size={size}m,nr_inodes=4096,mode=0700{owner}",
+        )
+
+
+def build_root(mount: Mount, top: str, hide: list[str], *, uid: int | None = None, own: bool = False) -> str:
+    """A tmpfs at top laid out like /, holding only what Python needs (deny by default), sealed
+    read-only. Returns how /proc is confined.
+
+    Shared (``own`` false): what it holds is the same for every session of one ``hide`` list,
+    so the template builds it once per list in its own mount namespace and each worker gets
+    it as a copy; the session's parts (``session_mounts``) go on its empty mount points later.
+    Own: a worker builds it for itself with its private tmpfs mounts first, so that interpreter
+    files under /tmp (a venv there) are shown on top of them, and its identity files in place.
     """
     mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
     root = Root(mount, top)
     for path in SESSION_TMPFS:
         root.mkdirs(path)
-    for path in IDENTITY_FILES:
-        root.write(path, "")
+    if own:
+        private_tmpfs(mount, top, uid)
+    for path, text in zip(IDENTITY_FILES, identity(uid) if own else ("", ""), strict=True):
+        root.write(path, text)
     for name in DEVICES:
         if os.path.exists("/dev/" + name):
             root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
@@ -293,27 +325,26 @@ def build_shared_root(mount: Mount, top: str, hide: list[str]) -> str:
 
 
 def session_mounts(mount: Mount, uid: int | None) -> None:
-    """What is this session's own, mounted inside the new root: /etc/passwd and /etc/group that
-    name its uid (written on a scratch tmpfs at /tmp and bound read-only from there), then
-    private tmpfs mounts owned by its uid, the /tmp one over the scratch: no path reaches the
-    scratch again, and unmounting it would cost an RCU grace period on the start's path."""
+    """What is this session's own, mounted inside the shared root: /etc/passwd and /etc/group
+    naming its uid (written on a scratch tmpfs at /tmp and bound read-only from there), then
+    its private tmpfs mounts, the /tmp one over the scratch: no path reaches the scratch again,
+    and unmounting it would cost an RCU grace period on the start's path."""
     mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,nr_inodes=8,mode=0700")
-    named = uid is not None
-    texts = (
-        "root:x:0:0::/root:/usr/sbin/nologin\n"
-        + (f"sandbox:x:{uid}:{uid}::/tmp:/usr/sbin/nologin\n" if named else ""),
-        "root:x:0:\n" + (f"sandbox:x:{uid}:\n" if named else ""),
-    )
-    for path, text in zip(IDENTITY_FILES, texts, strict=True):
+    for path, text in zip(IDENTITY_FILES, identity(uid), strict=True):
         scratch = "/tmp/" + os.path.basename(path)
         fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         os.write(fd, text.encode())
         os.close(fd)
         mount(scratch, path, None, MS_BIND)
         mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    owner = f",uid={uid},gid={uid}" if named else ""
-    for path, size in zip(SESSION_TMPFS, (CONFIG["tmpfs_mb"], 4, 4), strict=True):
-        mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size}m,nr_inodes=4096,mode=0700{owner}")
+    private_tmpfs(mount, "", uid)
+
+
+def shareable(hide: list[str]) -> bool:
+    """Whether one root can serve every session: not when interpreter files lie where each
+    session mounts its own tmpfs (a venv under /tmp would be covered by the session's /tmp)."""
+    hidden = [os.path.realpath(p) for p in hide]
+    return not any(within(os.path.realpath(p), list(SESSION_TMPFS)) for p in interpreter_paths(hidden))
 
 
 def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
@@ -337,9 +368,9 @@ def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
 def enter_namespaces(
     mount: Mount, report: dict[str, str], prepared: tuple[str, str] | None, hostdir: str, hide: list[str]
 ) -> None:
-    """New mount + network namespaces, and the new root: what needs no session yet (a spare
-    does it ahead of demand). The root is the template's ``prepared`` one, which the new mount
-    namespace holds as a copy; without one the worker builds it in ``hostdir``."""
+    """New mount + network namespaces, and the new root. The root is the template's ``prepared``
+    one, which the new mount namespace holds as a copy (a spare enters it ahead of demand, with
+    no session yet); without one the worker builds its own in ``hostdir``, session mounts included."""
     libc_call(LIBC, "unshare(mount, net)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET)
     report["network"] = "network namespace (no interfaces up)"
     built = None
@@ -350,7 +381,7 @@ def enter_namespaces(
             mount("none", "/", None, MS_REC | MS_PRIVATE)
             built = top = os.path.join(hostdir, "root")
             os.mkdir(top, 0o755)
-            report["proc"] = build_shared_root(mount, top, hide)
+            report["proc"] = build_root(mount, top, hide, uid=CONFIG["uid"], own=True)
         report["root"] = enter_root(LIBC, mount, top)
     except BaseException:
         if built:  # drop the half-built root; the weak mode follows
@@ -362,12 +393,14 @@ def enter_namespaces(
 def isolate_namespaces(uid: int | None, report: dict[str, str]) -> str:
     """Namespaces and a fresh root that shows only what Python needs, then the session's mounts."""
     mount = mounter(LIBC)
+    prepared = CONFIG.get("prepared")
     if ENTERED is None:
-        enter_namespaces(mount, report, CONFIG.get("prepared"), CONFIG["hostdir"], CONFIG["hide"])
+        enter_namespaces(mount, report, prepared, CONFIG["hostdir"], CONFIG["hide"])
     else:
         report.update(ENTERED)  # a spare entered them before it was assigned
     try:
-        session_mounts(mount, uid)
+        if ENTERED is not None or prepared:  # a shared root: the session's parts go on it now
+            session_mounts(mount, uid)
     except OSError as exc:  # inside the new root: no weak mode to fall back to
         raise RuntimeError(f"the session's mounts in the new root failed: {exc}") from None
     report["filesystem"] = (
@@ -757,8 +790,10 @@ def prepared_root(config: dict[str, Any]) -> tuple[str, str] | None:
     if key not in PREPARED:
         top = os.path.join(STAGE, str(len(PREPARED)))
         try:
+            if not shareable(list(key)):
+                raise OSError("interpreter files under a session's private tmpfs")
             os.mkdir(top, 0o755)
-            PREPARED[key] = (top, build_shared_root(mounter(LIBC), top, list(key)))
+            PREPARED[key] = (top, build_root(mounter(LIBC), top, list(key)))
         except OSError:
             LIBC.umount2(top.encode(), MNT_DETACH)
             PREPARED[key] = None  # each worker of this list tries itself, and reports why it failed

@@ -2,9 +2,13 @@
 
 Starting a worker used to mean a fresh interpreter per session (exec, imports, then
 confinement: ~18 ms and ~7 MB of private memory each). Now one *template* per interpreter
-path (``python -I sandbox_worker.py --template``) imports the worker's modules and a fixed
+path (``python -I sandbox_worker.py --template STAGE``) imports the worker's modules and a fixed
 list of standard modules once, and every worker is ``fork``-ed from it: the interpreter and
-those modules are shared copy-on-write, and the child only does its own confinement.
+those modules are shared copy-on-write, and the child only does its own confinement. As
+root the template also prepares the read-only root once (in its own mount namespace, on a
+tmpfs mounted on an empty directory made here, ``$TMPDIR/toolfactory-template-*``) and keeps
+spare children that have entered their namespaces and that root before any session exists;
+a fork request is handed to one of them when it is ready (``docs/security.md``).
 
 The server talks to a template over a ``SOCK_SEQPACKET`` socket (its fd 0), one request at a
 time: ``fork`` (a config and the worker's four fds, passed with SCM_RIGHTS; the answer carries
