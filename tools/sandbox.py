@@ -269,8 +269,11 @@ def configure_uids(uids: range, claims_dir: str | None = None, *, replicas: int 
 
     With ``claims_dir`` the range is claimed there for the life of the process (ValueError when
     a live server's claim overlaps it); with ``replicas`` too, the first free one of that many
-    slices of ``uids`` is taken. Returns the range in use.
+    slices of ``uids`` is taken. Returns the range in use. A server that is not root hands out
+    no uids (its workers keep its own), so it claims nothing.
     """
+    if os.geteuid() != 0:
+        claims_dir = replicas = None
     if replicas is not None:
         if claims_dir is None:
             raise ValueError("a sandbox uid slice picked automatically needs a claims directory")
