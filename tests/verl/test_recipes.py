@@ -127,11 +127,12 @@ def test_recipe_server_config_loads_and_its_targets_import(recipe: str) -> None:
     assert wanted <= verifiers | {"format"} and ("format" not in wanted or "format_check" in verifiers)
 
 
-def test_image_env_recipe_serves_the_pack_its_rows_name_and_fits_its_views() -> None:
+def test_image_env_recipe_serves_the_pack_its_rows_name_and_fits_its_views(tmp_path: Path) -> None:
     """The VLM recipe: the server builds the pack the data was built from (same arguments),
-    the loop plays its toolset, and two views of Qwen2-VL's default image processor fit
-    max_obs_tokens (a view that did not fit would be replaced by a note), and vLLM's image
-    limit covers every view a trajectory can get."""
+    prepare_data.sh writes what the launch script trains on, the loop plays its toolset,
+    two views of Qwen2-VL's default image processor fit max_obs_tokens (a view that did not
+    fit would be replaced by a note), and vLLM's image limit covers every view a trajectory
+    can get."""
     import re
 
     from PIL import Image
@@ -160,6 +161,7 @@ def test_image_env_recipe_serves_the_pack_its_rows_name_and_fits_its_views() -> 
         >= settings.max_turns * settings.max_calls_per_turn
     )
     assert "VL" in overrides["actor_rollout_ref.model.path"]
+    assert_prepared_data_is_what_training_reads(script, tmp_path)
 
 
 def test_scripts_are_valid_bash() -> None:
@@ -257,12 +259,17 @@ def test_the_environment_recipe_serves_the_pack_its_loop_and_data_name(tmp_path:
     assert settings.verifier == TOOL_USE and settings.verifier_arguments == {"mode": "train"}
     assert config.tools == [] and config.verifiers == []  # the pack's tools only
 
+    assert_prepared_data_is_what_training_reads(recipe / "train_grpo_8gpu.sh", tmp_path)
+
+
+def assert_prepared_data_is_what_training_reads(script: Path, data_dir: Path) -> None:
+    """The recipe's prepare_data.sh writes the files its launch ``script`` trains on."""
     done = subprocess.run(
-        ["bash", str(recipe / "prepare_data.sh")],
+        ["bash", str(script.parent / "prepare_data.sh")],
         # the script runs `python` as a user's activated environment has it: this one's
         env={
             **os.environ,
-            "DATA_DIR": str(tmp_path),
+            "DATA_DIR": str(data_dir),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         },
         capture_output=True,
@@ -271,6 +278,6 @@ def test_the_environment_recipe_serves_the_pack_its_loop_and_data_name(tmp_path:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    overrides = dict(o.split("=", 1) for o in dry_run(recipe / "train_grpo_8gpu.sh", DATA_DIR=str(tmp_path)))
+    overrides = dict(o.split("=", 1) for o in dry_run(script, DATA_DIR=str(data_dir)))
     for key in ("data.train_files", "data.val_files"):
         assert Path(overrides[key]).is_file(), overrides[key]
