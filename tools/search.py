@@ -20,7 +20,6 @@ import re
 import shutil
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -94,7 +93,7 @@ class Hit:
 
 class BM25Index:
     """A bm25s index plus two exact scorers: small corpora in vectorised batches, large ones
-    one query at a time on every core (tools/search_topk.py); both give the same hits."""
+    one query at a time (tools/search_topk.py); both give the same hits."""
 
     def __init__(self, retriever: bm25s.BM25, tokenizer: Tokenizer, maxima: np.ndarray | None = None) -> None:
         if retriever.nonoccurrence_array is not None:
@@ -109,9 +108,6 @@ class BM25Index:
         self._indices = retriever.scores["indices"]
         self._indptr = np.asarray(retriever.scores["indptr"], dtype=np.int64)
         self.num_docs = int(retriever.scores["num_docs"])
-        self._workers = min(8, os.cpu_count() or 1)
-        self._executor: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
         if maxima is None:  # an index in memory: its scores are at hand
             maxima = term_maxima(self._indptr, self._data)
         self._one = PostingScorer(self._indptr, self._indices, self._data, maxima, self.num_docs)
@@ -150,11 +146,10 @@ class BM25Index:
         """Top ``k`` documents with a positive score for each query, best first (ties: corpus order)."""
         ids = [self.token_ids(q) for q in queries]
         if self.num_docs >= _LARGE:
-            # one query at a time (a queries x documents block no longer fits any cache), on
-            # every core: numpy releases the GIL in the loops that cost
-            if len(ids) == 1 or self._workers == 1:
-                return [self._search_one(t, k) for t in ids]
-            return list(self._pool().map(lambda t: self._search_one(t, k), ids))
+            # one query at a time (a queries x documents block no longer fits any cache), in
+            # this thread: numpy.add.at, most of a query's cost, holds the GIL, and a pool of
+            # threads measured slower than one (bench/README.md, retrieval at 1M passages)
+            return [self._search_one(t, k) for t in ids]
         # Small chunks keep the dense queries x documents block in the CPU cache, which
         # beats larger vectorised passes (bench/README.md, search).
         chunk = max(1, min(64, 160_000 // max(self.num_docs, 1)))
@@ -162,12 +157,6 @@ class BM25Index:
         for start in range(0, len(ids), chunk):
             hits.extend(self._score(ids[start : start + chunk], k))
         return hits
-
-    def _pool(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="bm25")
-            return self._executor
 
     def _search_one(self, ids: np.ndarray, k: int) -> list[Hit]:
         return [Hit(doc, score) for doc, score in self._one.top_k(ids, min(k, self.num_docs))]
