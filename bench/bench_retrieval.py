@@ -12,7 +12,7 @@ Measured, side by side in one run:
 * build (``python -m tools.search_index build``, a child process): wall time, peak RSS;
   size on disk by part;
 * in process, on the same memory-mapped arrays and the same tokenised queries: our scorer
-  (tools/search_topk.py, one query per core at a time) and ``bm25s.BM25.retrieve`` (numpy
+  (tools/search_topk.py, one query at a time) and ``bm25s.BM25.retrieve`` (numpy
   backend), single queries and batches, and our CPU time per query (less sensitive to a
   busy machine than q/s); agreement of the top k;
 * a real ``tool-server`` with ``args: {index: DIR}``: RSS/PSS/USS after start and after
