@@ -41,6 +41,7 @@ INDEX_FORMAT = "1"  # bump when tokenisation or the saved layout changes
 MAX_QUERIES = 4096
 MAX_QUERY_CHARS = 4096
 MAX_TOPK = 100  # the same bound as the server's /retrieve endpoint
+INLINE_WORK = 50_000  # queries x documents scored on the event loop (a worker thread above it)
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _STOPWORDS = frozenset(STOPWORDS_EN)
 _STEM_CACHE_LIMIT = 500_000
@@ -413,11 +414,26 @@ class SearchTool:
         """Search the corpus; returns the best matching documents for each query."""
         queries = self._validate(query, topk)
         k = self.topk if topk is None else topk
-        results = await anyio.to_thread.run_sync(self.search_batch, queries, k)
+        if self._scores_inline(queries):
+            results = self.search_batch(queries, k)
+        else:
+            results = await anyio.to_thread.run_sync(self.search_batch, queries, k)
         structured: dict[str, Any] = {"results": results, "retriever": self.retriever}
         if self.hybrid_unavailable:
             structured["hybrid_unavailable"] = self.hybrid_unavailable
         return ToolOutput.text(self._render(queries, results, isinstance(query, list)), structured)
+
+    def _scores_inline(self, queries: list[str]) -> bool:
+        """Small in-memory BM25 work runs on the event loop: a worker-thread hop costs the
+        server more CPU than scoring a few queries over a small corpus (bench/README.md,
+        "Capacity plan"). A saved index, dense encoding and a corpus still loading go to a
+        thread, as does a large batch."""
+        return (
+            self._index is not None
+            and self._dense is None
+            and self.index_dir is None
+            and len(queries) * len(self._documents) <= INLINE_WORK
+        )
 
     def _validate(self, query: Any, topk: Any) -> list[str]:
         queries = query if isinstance(query, list) else [query]

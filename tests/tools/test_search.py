@@ -8,6 +8,7 @@ import numpy as np
 import orjson
 import pytest
 
+import tools.search as tools_search
 from protocol import ErrorKind, ToolError, get_tool_meta
 from tools.corpus import CorpusError, builtin_corpus, load_corpus
 from tools.search import SearchTool
@@ -79,6 +80,28 @@ async def test_batched_queries_and_topk(wiki: SearchTool) -> None:
     assert text.count("Results for ") == 3 and text.count("Doc 5 (Title: ") == 3
     assert (await wiki(queries[:1], topk=1)).structured["results"][0] == results[0][:1]
     assert wiki.search_batch(queries, 5) == results  # the plain method gives the same answer
+
+
+async def test_small_work_is_scored_on_the_event_loop_and_large_batches_in_a_thread(
+    wiki: SearchTool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread hop costs the server more than a query over the built-in corpus; a batch
+    whose work is over ``INLINE_WORK`` still leaves the event loop free. Same answers."""
+    import threading
+
+    threads: list[int] = []
+    plain = SearchTool.search_batch
+
+    def recording(self: SearchTool, queries: list[str], topk: int) -> list:
+        threads.append(threading.get_ident())
+        return plain(self, queries, topk)
+
+    monkeypatch.setattr(SearchTool, "search_batch", recording)
+    few = ["Jupiter gas giant planet"]
+    many = few * (tools_search.INLINE_WORK // wiki.num_documents + 1)
+    small, large = await wiki(few), await wiki(many)
+    assert threads[0] == threading.get_ident() != threads[1]
+    assert large.structured["results"] == small.structured["results"] * len(many)
 
 
 async def test_no_match_and_empty_queries(wiki: SearchTool) -> None:
