@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -27,10 +28,31 @@ import tools.sandbox_zygote as zygote
 from protocol import SessionState, ToolError
 from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
-from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker
+from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker, default_hidden_paths
+from tools.sandbox_worker import shareable
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256)
 IS_ROOT = os.geteuid() == 0
+
+
+# Where this checkout or its venv lies under /tmp (a clone in /tmp/x), a session's /tmp shows
+# that one top-level entry on top of its own tmpfs, so that the interpreter stays usable; each
+# worker then builds its own root, and the template keeps no spares.
+def _shown_in_tmp() -> list[str]:
+    """The top-level /tmp entries holding the interpreter's files, as a fresh interpreter (the
+    template's) sees its prefixes and sys.path."""
+    probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.executable, *sys.path]))"
+    paths = json.loads(
+        subprocess.run([sys.executable, "-I", "-c", probe], cwd="/", capture_output=True, check=True).stdout
+    )
+    reals = [
+        os.path.realpath(p) for p in paths if os.path.isabs(p)
+    ]  # not the path hooks of editable installs
+    return sorted({os.path.relpath(r, "/tmp").split(os.sep)[0] for r in reals if r.startswith("/tmp/")})
+
+
+SHOWN_IN_TMP = _shown_in_tmp()
+SHARED_ROOT = shareable(list(default_hidden_paths()))
 
 
 async def spawn(**kwargs: object) -> SandboxWorker:
@@ -107,7 +129,7 @@ async def test_a_session_leaves_nothing_for_the_next_one_forked_from_the_same_te
             seen = await second.run(LOOK_FOR_TRACES)
             assert seen.error is None, seen
             found = ast.literal_eval(seen.value or "")
-            assert found[:6] == (False, False, None, 2, False, []), found
+            assert found[:6] == (False, False, None, 2, False, SHOWN_IN_TMP), found
             assert found[6] == float(traces.value or "nan")  # the same seed gives the same draw: plain Python
             still = await first.run("secret, open('/tmp/secret.txt').read(), os.environ['SESSION_SECRET']")
             assert still.value == "('session-one', 'session-one', 'session-one')"  # its own state is intact
@@ -346,7 +368,7 @@ async def test_a_workers_mounts_stay_in_its_own_namespace() -> None:
                 os.readlink(f"/proc/{pid}/ns/mnt") for pid in (template, first.proc.pid, os.getpid())
             }
             await second.run("open('/tmp/mine', 'w').write('second')")
-            assert (await first.run("import os\nos.listdir('/tmp')")).value == "[]"
+            assert (await first.run("import os\nsorted(os.listdir('/tmp'))")).value == repr(SHOWN_IN_TMP)
             ids = "import os\nos.getuid(), open('/etc/passwd').read().splitlines()[-1].split(':')[2]"
             for worker in (first, second):
                 uid, named = ast.literal_eval((await worker.run(ids)).value or "")
@@ -383,6 +405,8 @@ async def test_spares_serve_one_session_each_and_hold_none_before() -> None:
     """A spare child is forked ahead of demand with its namespaces and root entered; it gets one
     session, then the template forks another. Before that it runs no code and holds no fd of any
     session; a spare that died is skipped; spares end with their template."""
+    if not SHARED_ROOT:
+        pytest.skip("the interpreter lies under /tmp: each worker builds its own root, no spares are kept")
     first = await spawn()
     try:
         template = template_pid()
