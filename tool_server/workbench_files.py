@@ -11,6 +11,7 @@ the tool server never imports the trainer client.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import threading
 import uuid
@@ -104,6 +105,24 @@ class Files:
         self.uploads.clear()
 
 
+ROW_FIELDS = (
+    "id",
+    "index",
+    "sample",
+    "data_source",
+    "reward",
+    "stop_reason",
+    "num_turns",
+    "tool_calls",
+    "tool_errors",
+    "tokens",
+    "model_tokens",
+    "error",
+)
+_AT = {name: n for n, name in enumerate(ROW_FIELDS)}
+MAX_CACHED_FILTERS = 8  # per file: a page turn under the same filters does not filter again
+
+
 def summary_of(record: dict[str, Any]) -> dict[str, Any]:
     """The fields the trajectory list shows and filters on."""
     metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
@@ -125,6 +144,14 @@ def summary_of(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _row(summary: dict[str, Any]) -> tuple[Any, ...]:
+    """A summary as a tuple in ``ROW_FIELDS`` order, its repeated strings shared (100k rows: a fraction of the memory of dicts)."""
+    values = [summary.get(name) for name in ROW_FIELDS]
+    for name in ("data_source", "stop_reason"):
+        values[_AT[name]] = sys.intern(values[_AT[name]])
+    return tuple(values)
+
+
 def _ones(mask: list[Any]) -> int:
     try:
         return int(sum(mask))  # 0/1 integers: summed in C (a 4k-token mask per line)
@@ -141,7 +168,38 @@ class _Index:
     size: int = 0  # bytes indexed so far (whole lines only)
     mtime_ns: int = 0
     offsets: list[int] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[tuple[Any, ...]] = field(default_factory=list)  # ROW_FIELDS of each line
+    # kept up to date as lines are indexed, so that no request walks every row for them
+    facets: dict[str, Counter[str]] = field(
+        default_factory=lambda: {"data_source": Counter(), "stop_reason": Counter()}
+    )
+    groups: dict[tuple[Any, Any], list[int]] = field(default_factory=dict)  # (data_source, index) -> lines
+    # filters -> (rows filtered so far, matching lines); extended, not redone, when the file grows
+    matches: OrderedDict[tuple[tuple[str, str], ...], tuple[int, list[int]]] = field(
+        default_factory=OrderedDict
+    )
+
+    def add(self, offset: int, summary: dict[str, Any]) -> None:
+        row = _row(summary)
+        line = len(self.rows)
+        self.offsets.append(offset)
+        self.rows.append(row)
+        self.facets["data_source"][row[_AT["data_source"]]] += 1
+        self.facets["stop_reason"][row[_AT["stop_reason"]]] += 1
+        if row[_AT["index"]] is not None:
+            self.groups.setdefault((row[_AT["data_source"]], row[_AT["index"]]), []).append(line)
+
+    def matching(self, filters: dict[str, str]) -> list[int]:
+        """Lines whose rows pass ``filters``; only rows indexed since the last same request are filtered."""
+        key = tuple(sorted((k, v) for k, v in filters.items() if k in FILTER_KEYS and v != ""))
+        keep = _row_filter(filters)  # checks the values too (a FileError names a bad one)
+        done, lines = self.matches.pop(key, (0, []))
+        if done < len(self.rows):
+            lines = lines + [n for n in range(done, len(self.rows)) if keep(self.rows[n])]
+        self.matches[key] = (len(self.rows), lines)
+        while len(self.matches) > MAX_CACHED_FILTERS:
+            self.matches.popitem(last=False)
+        return lines
 
 
 class TrajectoryIndex:
@@ -180,33 +238,32 @@ class TrajectoryIndex:
                 if line.strip():
                     try:
                         record = orjson.loads(line)
-                        row = (
+                        summary = (
                             summary_of(record)
                             if isinstance(record, dict)
                             else _bad_line(len(index.rows), TypeError("not an object"))
                         )
                     except orjson.JSONDecodeError as exc:
-                        row = _bad_line(len(index.rows), exc)
-                    index.offsets.append(offset)
-                    index.rows.append(row)
+                        summary = _bad_line(len(index.rows), exc)
+                    index.add(offset, summary)
                 offset += len(line)
             index.size = offset
 
     def page(self, path: Path, filters: dict[str, str], offset: int, limit: int) -> dict[str, Any]:
         """``limit`` rows from ``offset`` among those matching ``filters``, and the facets of the file."""
         index = self.index(path)
-        keep = _row_filter(filters)
-        matching = [n for n, row in enumerate(index.rows) if keep(row)]
-        rows = [{"line": n, **index.rows[n]} for n in matching[offset : offset + limit]]
+        with self._lock:  # the cached matches are shared between requests
+            matching = index.matching(filters)
+        rows = [
+            {"line": n, **dict(zip(ROW_FIELDS, index.rows[n], strict=True))}
+            for n in matching[offset : offset + limit]
+        ]
         return {
             "total": len(index.rows),
             "matching": len(matching),
             "offset": offset,
             "rows": rows,
-            "facets": {
-                "data_source": dict(Counter(r["data_source"] for r in index.rows).most_common(50)),
-                "stop_reason": dict(Counter(r["stop_reason"] for r in index.rows).most_common(50)),
-            },
+            "facets": {name: dict(counts.most_common(50)) for name, counts in index.facets.items()},
         }
 
     def record(self, path: Path, line: int) -> dict[str, Any]:
@@ -229,14 +286,13 @@ class TrajectoryIndex:
         """Lines of the other samples of the same prompt (a GRPO group)."""
         index = self.index(path)
         row = index.rows[line]
-        key = (row.get("data_source"), row.get("index"))
-        return [
-            n
-            for n, other in enumerate(index.rows)
-            if n != line
-            and (other.get("data_source"), other.get("index")) == key
-            and other.get("index") is not None
-        ]
+        if row[_AT["index"]] is None:
+            return []
+        group = index.groups.get((row[_AT["data_source"]], row[_AT["index"]]), [])
+        return [n for n in group if n != line]
+
+
+FILTER_KEYS = ("data_source", "stop_reason", "min_reward", "max_reward", "tool_errors", "q")
 
 
 def _number(filters: dict[str, str], key: str) -> float | None:
@@ -258,18 +314,21 @@ def _row_filter(filters: dict[str, str]) -> Any:
         raise FileError(f"tool_errors must be 'yes' or 'no', got {errors!r}")
     text = (filters.get("q") or "").lower()
 
-    def keep(row: dict[str, Any]) -> bool:
-        if source is not None and row.get("data_source") != source:
+    at_source, at_stop, at_reward = _AT["data_source"], _AT["stop_reason"], _AT["reward"]
+    at_errors, at_id = _AT["tool_errors"], _AT["id"]
+
+    def keep(row: tuple[Any, ...]) -> bool:
+        if source is not None and row[at_source] != source:
             return False
-        if stop is not None and row.get("stop_reason") != stop:
+        if stop is not None and row[at_stop] != stop:
             return False
-        reward = row.get("reward")
+        reward = row[at_reward]
         if low is not None and (reward is None or reward < low):
             return False
         if high is not None and (reward is None or reward > high):
             return False
-        if errors is not None and (row.get("tool_errors", 0) > 0) != (errors == "yes"):
+        if errors is not None and ((row[at_errors] or 0) > 0) != (errors == "yes"):
             return False
-        return not text or text in str(row.get("id") or "").lower()
+        return not text or text in str(row[at_id] or "").lower()
 
     return keep

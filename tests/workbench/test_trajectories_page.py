@@ -207,12 +207,29 @@ def test_the_index_follows_a_growing_file(server, runs_dir) -> None:
     first = (runs_dir / "scripted.jsonl").read_bytes()
     path.write_bytes(first)
     url = server.url + "/ui/api/trajectories"
-    assert httpx.get(url, params={"file": "growing.jsonl"}).json()["total"] == 6
+    written = records(runs_dir / "scripted.jsonl")
+    stop = written[0]["stop_reason"]
+    stopped = sum(1 for r in written if r["stop_reason"] == stop)
+    before = httpx.get(url, params={"file": "growing.jsonl", "stop_reason": stop}).json()
+    assert (before["total"], before["matching"]) == (6, stopped)
     with open(path, "ab") as handle:
         handle.write(first + b'{"id": "half-writ')  # a line still being written is not indexed yet
-    assert httpx.get(url, params={"file": "growing.jsonl"}).json()["total"] == 12
+    # the same filters again: their cached matches are extended by the appended lines
+    after = httpx.get(url, params={"file": "growing.jsonl", "stop_reason": stop}).json()
+    assert (after["total"], after["matching"]) == (12, 2 * stopped)
+    assert [row["line"] for row in after["rows"]][stopped:] == [
+        6 + n for n, r in enumerate(written) if r["stop_reason"] == stop
+    ]
+    assert after["facets"]["stop_reason"][stop] == 2 * stopped
     one = httpx.get(server.url + "/ui/api/trajectory", params={"file": "growing.jsonl", "line": 11}).json()
-    assert one["record"]["id"] == records(runs_dir / "scripted.jsonl")[5]["id"]
+    assert one["record"]["id"] == written[5]["id"]
+    # its GRPO group takes in the appended copy of the same prompt
+    same_prompt = [
+        n
+        for n, r in enumerate(written * 2)
+        if n != 11 and (r["data_source"], r["index"]) == (written[5]["data_source"], written[5]["index"])
+    ]
+    assert one["siblings"] == same_prompt
 
 
 def test_paths_outside_the_runs_directory_are_refused(server, runs_dir) -> None:
