@@ -30,6 +30,10 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   user + network namespace instead. Where the kernel refuses both, an audit hook blocks
   ``socket.connect/bind/sendto/sendmsg`` in the interpreter (a weaker fallback: code that
   calls libc through ctypes is not stopped).
+* **IPC**: an IPC namespace of its own (with the network one, in both modes). SysV shared
+  memory, semaphores and message queues, and POSIX message queues, outlive the processes
+  that made them: in the host's namespace one session could leave a segment (mode 0666)
+  that another attaches to, holding memory after both are gone. Its own die with it.
 * **filesystem, deny by default**: a private mount namespace whose root is a tmpfs
   (``pivot_root``; the host's tree is detached; the template builds it once per ``hide`` list
   and each worker gets a copy of it with its mount namespace) holding only: read-only binds of ``/usr``,
@@ -72,7 +76,11 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   a call were all created during it: only pids handed out since the call began (the last
   pid in ``/proc/loadavg``) are looked at, and all of ``/proc`` when they may have gone
   all the way round (forks counted by ``/proc/stat`` over half of ``pid_max``). Killing
-  or evicting a worker kills every process of its uid.
+  or evicting a worker kills every process of its uid, and so does a worker dying mid-call
+  (timeout, crash), at once. A uid is handed out again only once none of its processes is
+  left. A worker's process group is signalled only while its pid cannot have been reused
+  (its template has not reaped it, or it still runs); the worker itself only through its
+  pidfd.
 * **resources**: RLIMIT_AS (memory, per process), RLIMIT_NPROC, RLIMIT_FSIZE (also caps
   captured output), RLIMIT_NOFILE, no core dumps; the wall-clock timeout is enforced by
   the server, which kills the worker. CPU is bounded three ways: per call (soft
@@ -90,6 +98,8 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   kernel interfaces; reaching into other processes (``ptrace``, ``process_vm_*``,
   ``pidfd_getfd``, ``kcmp``, ``process_madvise``); large kernel attack surface no Python
   code needs (``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, keyrings);
+  ``memfd_create`` and ``memfd_secret`` (a memfd's pages count neither to RLIMIT_AS nor to
+  the tmpfs caps nor to the fleet's memory figure);
   host administration calls (modules, kexec, reboot, swap, clocks, ...: these need
   capabilities the worker lacks anyway); ``socket(AF_VSOCK)``; unsetting its subreaper
   flag. ``clone3`` fails with ENOSYS (its flags are in memory a filter cannot read; libc
@@ -117,7 +127,9 @@ the worker reaps it), which only stops such a session sooner. The filter is a de
 list, only for x86_64 and aarch64 (elsewhere ``isolation['seccomp']`` says
 "unavailable"); executable anonymous memory stays allowed, because ctypes callbacks
 (libffi closures) need it and native code reaches no syscall that ctypes does not
-already reach. There are no ptys (``/dev/pts``). Without a dedicated uid a worker that
+already reach. There are no ptys (``/dev/pts``). Kernel buffers a worker holds open
+(pipes, unix sockets) count to no memory figure; RLIMIT_NOFILE and the kernel's per-user
+pipe limit bound them to tens of MB. Without a dedicated uid a worker that
 dies mid-call can leave orphans behind. ``run_python`` (one-shot) workers are outside
 any pool's fleet budget, and so are the template and its spare children (two per prepared
 root, ~0.8-1 MB private memory each, the rest shared with the template, plus their two
@@ -126,7 +138,8 @@ namespaces).
 Captured output goes to two memfds created by the server and passed to the worker as
 fds 1 and 2, so everything lands there (``print``, ``os.write(1, ...)``, C extensions,
 child processes) and stays readable after the worker dies. Only the first
-``max_output_bytes`` of each are read back.
+``max_output_bytes`` of each are read back, and both are emptied after each call (what they
+hold counts to no memory figure).
 
 Host side: per-worker directories live in one ``toolfactory-sandbox-*`` directory under
 the server's temp dir, removed with the last worker (closing the pool), at exit, and on
@@ -422,16 +435,18 @@ def _processes_of(uid: int) -> list[int]:
     return pids
 
 
-def _kill_uid(uid: int) -> None:
-    """SIGKILL every process of a sandbox uid, repeatedly, until a fork bomb runs dry."""
+def _kill_uid(uid: int) -> bool:
+    """SIGKILL every process of a sandbox uid, repeatedly, until a fork bomb runs dry.
+    False if some were still there after the last round (the uid must not be handed out)."""
     for _ in range(50):
         pids = _processes_of(uid)
         if not pids:
-            return
+            return True
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.002)
+    return not _processes_of(uid)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -687,15 +702,17 @@ class SandboxWorker:
             return cls(proc, limits, uid, hostdir, ours, isolation)
         except BaseException:
             if proc is not None:
-                _terminate(proc, uid)
+                _terminate(proc, None)
                 proc.wait(5)
                 proc.close()
-            for fd in (*ours, *theirs):
+            # The uid is swept even without a process: a template lost mid-request may have
+            # forked the worker before it died.
+            if uid is not None and _kill_uid(uid):
+                _UIDS.release(uid)
+            for fd in {*ours, *theirs}:  # out_fd and err_fd are in both: closed once, not twice
                 with contextlib.suppress(OSError):
                     os.close(fd)
             _HOSTDIRS.drop(hostdir)
-            if uid is not None:
-                _UIDS.release(uid)
             raise
 
     @property
@@ -732,15 +749,14 @@ class SandboxWorker:
         if self._closed:
             return
         self._closed = True
-        if self.uid is not None:
-            _kill_uid(self.uid)
+        uid_free = self.uid is None or _kill_uid(self.uid)
         self.proc.wait(5)
         self.proc.close()
         for fd in (self._wfd, self._rfd, self._out_fd, self._err_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         _HOSTDIRS.drop(self._hostdir)
-        if self.uid is not None:
+        if self.uid is not None and uid_free:  # else it stays taken: never two sandboxes on one uid
             _UIDS.release(self.uid)
         _LIVE.discard(self)
 
@@ -821,8 +837,7 @@ class SandboxWorker:
 
     async def _settle(self, start: _Clock) -> str | None:
         """After a call: freeze the worker, kill what it left running, check its CPU budget."""
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGSTOP)  # threads it left running stop too
+        self.proc.send_signal(signal.SIGSTOP)  # threads it left running stop too
         now = _pid_clock()
         self._forks_seen = now[1]
         if not self._quiet(start, now) and not await anyio.to_thread.run_sync(self._kill_strays, start):
@@ -876,15 +891,13 @@ class SandboxWorker:
                     self.last_used = time.monotonic()
 
     async def _call(self, request: dict[str, Any], body: bytes, timeout_s: float, cap: int) -> SandboxResult:
-        for fd in (self._out_fd, self._err_fd):
-            os.ftruncate(fd, 0)
+        self._clear_output()  # what a preloaded module printed while the worker started
         self.calls += 1
         self._seq = request["seq"]
         # The fork count of the last check, not of now: one /proc/stat read per call, and the
         # wrap-around test only gets more cautious (more forks seem to fall in the call).
         start_clock = (_last_pid(), self._forks_seen)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, signal.SIGCONT)
+        self.proc.send_signal(signal.SIGCONT)  # through the pidfd: never a recycled pid
         start = time.perf_counter()
         reply: dict[str, Any] | None = None
         problem: str | None = None
@@ -903,8 +916,11 @@ class SandboxWorker:
             problem = await self._settle(start_clock)
         if reply is None or problem:
             self.kill()
+            if self.uid is not None:  # what it left running (its own sessions too) dies with it, now
+                await anyio.to_thread.run_sync(_kill_uid, self.uid)
             returncode = await self._wait_exit()
         stdout, stderr, truncated = self._read_output(cap)
+        self._clear_output()  # up to max_file_mb each, which no memory figure counts
         if timed_out:
             return SandboxResult(
                 stdout, stderr, -signal.SIGKILL, True, truncated,
@@ -969,6 +985,10 @@ class SandboxWorker:
         code = await anyio.to_thread.run_sync(self.proc.wait, 5.0)  # the status comes from the template
         return -signal.SIGKILL if code is None else code
 
+    def _clear_output(self) -> None:
+        for fd in (self._out_fd, self._err_fd):
+            os.ftruncate(fd, 0)
+
     def _read_output(self, cap: int) -> tuple[str, str, bool]:
         texts = []
         truncated = False
@@ -980,9 +1000,7 @@ class SandboxWorker:
 
 
 def _terminate(proc: ForkedProcess, uid: int | None) -> None:
-    if proc.returncode is None:  # unreaped, so its pid is still its process group's id
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill_group()
     proc.kill()
     if uid is not None:
         _kill_uid(uid)

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 MACHINE = os.uname().machine
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
 CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
@@ -68,6 +68,8 @@ DENIED = (
     "move_mount", "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr",
     # reaching into other processes
     "ptrace", "process_vm_readv", "process_vm_writev", "process_madvise", "pidfd_getfd", "kcmp",
+    # memory outside every limit: a memfd's pages count neither to RLIMIT_AS nor to the tmpfs caps
+    "memfd_create", "memfd_secret",
     # large kernel attack surface no Python code needs
     "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
     "keyctl", "add_key", "request_key",
@@ -88,7 +90,7 @@ SYSCALLS = {  # machine: (AUDIT_ARCH, {name: number})
         reboot=169, swapon=167, swapoff=168, acct=163, syslog=103, quotactl=179, quotactl_fd=443,
         lookup_dcookie=212, fanotify_init=300, vhangup=153, settimeofday=164, clock_settime=227,
         clock_adjtime=305, adjtimex=159, open_by_handle_at=304, iopl=172, ioperm=173, uselib=134,
-        clone=56, clone3=435, socket=41, prctl=157, seccomp=317,
+        memfd_create=319, memfd_secret=447, clone=56, clone3=435, socket=41, prctl=157, seccomp=317,
     )),
     "aarch64": (0xC00000B7, dict(
         unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, chroot=51, open_tree=428,
@@ -100,7 +102,7 @@ SYSCALLS = {  # machine: (AUDIT_ARCH, {name: number})
         reboot=142, swapon=224, swapoff=225, acct=89, syslog=116, quotactl=60, quotactl_fd=443,
         lookup_dcookie=18, fanotify_init=262, vhangup=58, settimeofday=170, clock_settime=112,
         clock_adjtime=266, adjtimex=171, open_by_handle_at=265,
-        clone=220, clone3=435, socket=198, prctl=167, seccomp=277,
+        memfd_create=279, memfd_secret=447, clone=220, clone3=435, socket=198, prctl=167, seccomp=277,
     )),
 }
 
@@ -368,11 +370,15 @@ def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
 def enter_namespaces(
     mount: Mount, report: dict[str, str], prepared: tuple[str, str] | None, hostdir: str, hide: list[str]
 ) -> None:
-    """New mount + network namespaces, and the new root. The root is the template's ``prepared``
+    """New mount, network and IPC namespaces, and the new root. The root is the template's ``prepared``
     one, which the new mount namespace holds as a copy (a spare enters it ahead of demand, with
     no session yet); without one the worker builds its own in ``hostdir``, session mounts included."""
-    libc_call(LIBC, "unshare(mount, net)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET)
+    # IPC: SysV shared memory, semaphores and message queues (and POSIX mqueues) are per IPC
+    # namespace and outlive their processes: in the host's, one session could leave a segment
+    # that another attaches to, and its memory would stay after both are gone.
+    libc_call(LIBC, "unshare(mount, net, ipc)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
     report["network"] = "network namespace (no interfaces up)"
+    report["ipc"] = "IPC namespace of its own (SysV IPC, POSIX message queues)"
     built = None
     try:
         if prepared:
@@ -487,7 +493,10 @@ def install_seccomp(libc: ctypes.CDLL) -> str:
             )
         except OSError as exc:
             return f"unavailable: {exc}"
-    return f"filter: {prog.len} instructions (no namespaces, mounts, ptrace, bpf, io_uring, keyrings, vsock)"
+    return (
+        f"filter: {prog.len} instructions "
+        "(no namespaces, mounts, ptrace, memfd, bpf, io_uring, keyrings, vsock)"
+    )
 
 
 def tasks_of_user(uid: int) -> int:
@@ -531,9 +540,12 @@ def confine() -> dict[str, str]:
         try:
             if not CONFIG["namespaces"] or os.geteuid() == 0:
                 raise OSError("skipped")
-            libc_call(libc, "unshare(user, net)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET)
+            libc_call(
+                libc, "unshare(user, net, ipc)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC
+            )
             drop_capabilities(libc)  # a new user namespace grants all capabilities inside it
             report["network"] = "user + network namespace"
+            report["ipc"] = "IPC namespace of its own (in the user namespace)"
         except OSError:
             sys.addaudithook(block_network)
             report["network"] = "audit hook (weak: blocks socket calls made through Python)" + (

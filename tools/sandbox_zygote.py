@@ -103,6 +103,18 @@ class ForkedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
+    def kill_group(self) -> None:
+        """SIGKILL its process group (the worker calls ``setsid``: the group's id is its pid).
+
+        Only while that id cannot belong to anyone else: the template that forked it still
+        runs and has not reaped it, or it still runs itself. Once its template is gone, an
+        exited worker is reaped by init and its pid, a process group id, can be handed out
+        again, to another session's worker for one.
+        """
+        if self.returncode is None and (self._template.holds(self._generation) or not self.exited()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
     def close(self) -> None:
         """Reap it if it has exited, and drop the pidfd (after this only ``returncode`` is known)."""
         if self.poll() is None and self._pidfd >= 0:  # it still runs: the template reaps it when it exits
