@@ -11,6 +11,9 @@ by default) holding the range, locked (``flock``) for the life of the process. A
 whose range overlaps a live claim refuses to start; a claim whose process died is unlocked
 and taken over. Replicas that do not share that directory (separate containers without a
 shared volume) are kept apart by their configured slices alone.
+
+Within the process, ``UIDS`` hands each worker a uid of the range no other live worker has
+(``configure_uids`` sets the range and claims it).
 """
 
 from __future__ import annotations
@@ -18,15 +21,22 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import random
 import secrets
+import threading
 import time
+
+from tools.sandbox_types import SandboxError
 
 __all__ = [
     "DEFAULT_CLAIMS_DIR",
     "DEFAULT_UIDS",
+    "UIDS",
+    "UidAllocator",
     "UidClaim",
     "UidsTaken",
     "claim_free_slice",
+    "configure_uids",
     "parse_uid_range",
     "replica_slice",
 ]
@@ -149,3 +159,66 @@ def claim_free_slice(uids: range, replicas: int, directory: str = DEFAULT_CLAIMS
         f"all {replicas} sandbox uid slices of {_show(uids)} are claimed by live servers in {directory}; "
         "raise sandbox.replicas (smaller slices) or widen sandbox.uid_range"
     )
+
+
+class UidAllocator:
+    """Hands out distinct sandbox uids within this process, from this replica's range."""
+
+    def __init__(self, uids: range) -> None:
+        self._uids = uids
+        self._used: set[int] = set()
+        self._lock = threading.Lock()
+        self._claim: UidClaim | None = None
+
+    @property
+    def uids(self) -> range:
+        return self._uids
+
+    def use(self, uids: range, claim: UidClaim | None) -> None:
+        """Draw from ``uids`` from now on (held by ``claim``). Workers already running keep
+        their uids, which stay taken until they are released."""
+        with self._lock:
+            old, self._claim, self._uids = self._claim, claim, uids
+        if old is not None:
+            old.release()
+
+    def acquire(self) -> int:
+        """A free uid: random (a uid freed a moment ago is rarely reused at once), else the first free."""
+        with self._lock:
+            uids = self._uids
+            picks = (random.choice(uids) for _ in range(64))
+            uid = next((u for u in picks if u not in self._used), None)
+            if uid is None:
+                uid = next((u for u in uids if u not in self._used), None)
+            if uid is None:
+                raise SandboxError(f"no free sandbox uid left in {uids[0]}-{uids[-1]}")
+            self._used.add(uid)
+            return uid
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            self._used.discard(uid)
+
+
+UIDS = UidAllocator(DEFAULT_UIDS)
+
+
+def configure_uids(uids: range, claims_dir: str | None = None, *, replicas: int | None = None) -> range:
+    """This replica's worker uids, a slice no other replica on the node uses (``tools.sandbox_uids``).
+
+    With ``claims_dir`` the range is claimed there for the life of the process (ValueError when
+    a live server's claim overlaps it); with ``replicas`` too, the first free one of that many
+    slices of ``uids`` is taken. Returns the range in use. A server that is not root hands out
+    no uids (its workers keep its own), so it claims nothing.
+    """
+    if os.geteuid() != 0:
+        claims_dir = replicas = None
+    if replicas is not None:
+        if claims_dir is None:
+            raise ValueError("a sandbox uid slice picked automatically needs a claims directory")
+        claim = claim_free_slice(uids, replicas, claims_dir)
+        uids = claim.uids
+    else:
+        claim = UidClaim(uids, claims_dir) if claims_dir is not None else None
+    UIDS.use(uids, claim)
+    return uids

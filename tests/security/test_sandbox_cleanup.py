@@ -21,7 +21,7 @@ import pytest
 
 from protocol import decode_results
 from tests.support.server import running_server, server_config
-from tools.sandbox import _processes_of
+from tools.sandbox_proc import processes_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,7 +94,7 @@ def test_sigterm_of_a_process_holding_a_pool_leaves_nothing(tmp_path: Path) -> N
     assert leftovers(tmp_path) == []
     uid = line.split()[1]
     if uid != "None":
-        assert _processes_of(int(uid)) == []
+        assert processes_of(int(uid)) == []
 
 
 @pytest.mark.timeout(180)

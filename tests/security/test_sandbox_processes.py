@@ -15,7 +15,8 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from tools.sandbox import SandboxLimits, SandboxWorker, _processes_of
+from tools.sandbox import SandboxLimits, SandboxWorker
+from tools.sandbox_proc import processes_of
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256)
 
@@ -71,14 +72,14 @@ async def test_background_processes_and_threads_do_not_run_after_the_call(worker
     first = await worker.run(BACKGROUND)
     assert first.error is None and first.value is not None, first
     assert worker.uid is not None
-    assert _processes_of(worker.uid) == [worker.proc.pid]  # every child, detached or not, is gone
+    assert processes_of(worker.uid) == [worker.proc.pid]  # every child, detached or not, is gone
     before = cpu_seconds(worker.proc.pid)
     await anyio.sleep(1.0)
     assert cpu_seconds(worker.proc.pid) - before < 0.05  # the busy thread does not run either
     pids = ast.literal_eval(first.value)
     after = await worker.run(f"import os\n[os.path.exists(f'/proc/{{p}}') for p in {pids!r}], 6 * 7")
     assert after.value == f"({[False] * len(pids)!r}, 42)", after
-    assert _processes_of(worker.uid) == [worker.proc.pid]
+    assert processes_of(worker.uid) == [worker.proc.pid]
 
 
 async def test_a_fork_chain_started_in_a_call_is_killed_when_it_returns(worker: SandboxWorker) -> None:
@@ -95,7 +96,7 @@ async def test_a_fork_chain_started_in_a_call_is_killed_when_it_returns(worker: 
     assert (await worker.run(code)).value == "'returned'"
     assert worker.uid is not None
     for _ in range(5):
-        assert _processes_of(worker.uid) == [worker.proc.pid]
+        assert processes_of(worker.uid) == [worker.proc.pid]
         time.sleep(0.05)
     assert (await worker.run("1 + 1")).value == "2"
 
@@ -123,7 +124,7 @@ async def test_cpu_of_the_processes_it_starts_counts_against_its_lifetime_budget
         assert not worker.alive
     finally:
         await worker.aclose()
-    assert worker.uid is not None and _processes_of(worker.uid) == []
+    assert worker.uid is not None and processes_of(worker.uid) == []
 
 
 async def test_cpu_of_children_it_waited_for_counts_too() -> None:

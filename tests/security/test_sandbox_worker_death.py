@@ -22,7 +22,8 @@ import anyio
 import pytest
 
 import tools.sandbox_zygote as zygote
-from tools.sandbox import SandboxLimits, SandboxWorker, _processes_of
+from tools.sandbox import SandboxLimits, SandboxWorker
+from tools.sandbox_proc import processes_of
 
 LIMITS = SandboxLimits(timeout_s=3, memory_mb=256)
 
@@ -51,7 +52,7 @@ async def test_a_worker_that_dies_mid_call_leaves_nothing_running(end: str) -> N
     try:
         result = await worker.run(DETACH + end)
         assert result.worker_died, result
-        assert _processes_of(worker.uid) == []  # at once, not when the session is released
+        assert processes_of(worker.uid) == []  # at once, not when the session is released
     finally:
         await worker.aclose()
 
