@@ -29,7 +29,8 @@ from protocol import SessionState, ToolError
 from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
 from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker, default_hidden_paths
-from tools.sandbox_worker import shareable
+from tools.sandbox_mounts import shareable
+from tools.sandbox_template import SPARES_PER_ROOT
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256)
 IS_ROOT = os.geteuid() == 0
@@ -80,9 +81,7 @@ def rollup(pid: int) -> dict[str, int]:
 
 def zygote_spares() -> int:
     """How many spare children the template keeps per prepared root (its constant)."""
-    with open(zygote.WORKER_PATH) as fh:
-        line = next(line for line in fh if line.startswith("SPARES_PER_ROOT ="))
-    return int(line.split("=")[1])
+    return SPARES_PER_ROOT
 
 
 def template_pid() -> int:
@@ -391,9 +390,17 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def entered(pid: int, template: int) -> bool:
+    """Whether a child has entered namespaces of its own (a spare does so right after its fork)."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") != os.readlink(f"/proc/{template}/ns/net")
+    except OSError:
+        return False
+
+
 async def wait_for_spares(template: int, workers: set[int], count: int) -> set[int]:
     for _ in range(500):
-        spares = children_of(template) - workers
+        spares = {pid for pid in children_of(template) - workers if entered(pid, template)}
         if len(spares) >= count:
             return spares
         await anyio.sleep(0.01)
@@ -414,7 +421,8 @@ async def test_spares_serve_one_session_each_and_hold_none_before() -> None:
         for spare in spares:
             fds = {os.readlink(f"/proc/{spare}/fd/{fd}") for fd in os.listdir(f"/proc/{spare}/fd")}
             assert {t for t in fds if not t.startswith("socket:")} == {"/dev/null"}, fds
-            assert os.readlink(f"/proc/{spare}/ns/net") != os.readlink(f"/proc/{template}/ns/net")
+            for ns in ("net", "ipc", "mnt"):
+                assert os.readlink(f"/proc/{spare}/ns/{ns}") != os.readlink(f"/proc/{template}/ns/{ns}")
             with open(f"/proc/{spare}/status") as fh:
                 assert (
                     next(line for line in fh if line.startswith("Uid:")).split()[1] == "0"

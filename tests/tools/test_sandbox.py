@@ -458,8 +458,20 @@ async def test_python_tool_rejects_oversized_code(python_tool: PythonTool) -> No
 
 
 def test_the_worker_needs_only_the_standard_library() -> None:
-    """It confines itself before anything else runs: a project import would run unconfined."""
-    tree = ast.parse(Path(tools.sandbox._WORKER_PATH).read_text())
-    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    """It confines itself before anything else runs: a project import would run unconfined.
+    Its sibling modules (relative imports) are held to the same rule."""
+    worker = Path(tools.sandbox._WORKER_PATH)
+    names: set[str] = set()
+    todo, seen = [worker.stem], set()
+    while todo:
+        seen.add(module := todo.pop())
+        tree = ast.parse((worker.parent / f"{module}.py").read_text())
+        names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:  # `from .sibling import x`: read it too
+                assert node.module, "import siblings by name (from .module import name)"
+                todo += [] if node.module in seen else [node.module]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+    assert len(seen) > 1
     assert {name.split(".")[0] for name in names} <= set(sys.stdlib_module_names) | {"__future__"}
