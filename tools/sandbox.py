@@ -34,6 +34,7 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   memory, semaphores and message queues, and POSIX message queues, outlive the processes
   that made them: in the host's namespace one session could leave a segment (mode 0666)
   that another attaches to, holding memory after both are gone. Its own die with it.
+  Reported in ``isolation['ipc']`` (a kernel without IPC namespaces leaves the host's).
 * **filesystem, deny by default**: a private mount namespace whose root is a tmpfs
   (``pivot_root``; the host's tree is detached; the template builds it once per ``hide`` list
   and each worker gets a copy of it with its mount namespace) holding only: read-only binds of ``/usr``,

@@ -245,10 +245,15 @@ class SandboxWorker:
         LIVE.discard(self)
 
     async def aclose(self) -> None:
-        """Kill the worker now; wait for any call in flight to notice, then free its resources."""
+        """Kill the worker now; wait for any call in flight to notice, then free its resources.
+
+        Shielded: it is called from ``finally`` blocks of cancelled calls, where an unshielded
+        wait would give up at once and leave its fds, uid and directory behind for good.
+        """
         self.kill()
-        async with self._lock:
-            await anyio.to_thread.run_sync(self.close_sync)
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                await anyio.to_thread.run_sync(self.close_sync)
 
     # -- accounting ----------------------------------------------------------------------
     @property

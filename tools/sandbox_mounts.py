@@ -283,9 +283,13 @@ def enter_namespaces(
     # IPC: SysV shared memory, semaphores and message queues (and POSIX mqueues) are per IPC
     # namespace and outlive their processes: in the host's, one session could leave a segment
     # that another attaches to, and its memory would stay after both are gone.
-    libc_call(LIBC, "unshare(mount, net, ipc)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
+    try:
+        libc_call(LIBC, "unshare(mount, net, ipc)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC)
+        report["ipc"] = "IPC namespace of its own (SysV IPC, POSIX message queues)"
+    except OSError as exc:  # a kernel without IPC namespaces: the rest still holds
+        libc_call(LIBC, "unshare(mount, net)", LIBC.unshare, CLONE_NEWNS | CLONE_NEWNET)
+        report["ipc"] = f"the host's (weak: {exc})"
     report["network"] = "network namespace (no interfaces up)"
-    report["ipc"] = "IPC namespace of its own (SysV IPC, POSIX message queues)"
     built = None
     try:
         if prepared:

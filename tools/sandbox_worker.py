@@ -132,12 +132,16 @@ def confine() -> dict[str, str]:
         try:
             if not CONFIG["namespaces"] or os.geteuid() == 0:
                 raise OSError("skipped")
-            libc_call(
-                libc, "unshare(user, net, ipc)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC
-            )
+            try:
+                libc_call(
+                    libc, "unshare(user, net, ipc)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC
+                )
+                report["ipc"] = "IPC namespace of its own (in the user namespace)"
+            except OSError as exc:  # a kernel without IPC namespaces
+                libc_call(libc, "unshare(user, net)", libc.unshare, CLONE_NEWUSER | CLONE_NEWNET)
+                report["ipc"] = f"the host's (weak: {exc})"
             drop_capabilities(libc)  # a new user namespace grants all capabilities inside it
             report["network"] = "user + network namespace"
-            report["ipc"] = "IPC namespace of its own (in the user namespace)"
         except OSError:
             sys.addaudithook(block_network)
             report["network"] = "audit hook (weak: blocks socket calls made through Python)" + (
