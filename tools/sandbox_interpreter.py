@@ -359,10 +359,8 @@ class SandboxWorker:
             "stdin": stdin,
             "cpu_s": limits.cpu_s if cpu_s is None else cpu_s,
             "max_output": cap,
-            "seq": self._seq + 1,
         }
-        frame = encode(request)
-        if len(frame) > HEADER + MAX_REQUEST_BYTES:
+        if len(encode(request)) > HEADER + MAX_REQUEST_BYTES:
             return SandboxResult(error=f"code and stdin exceed {MAX_REQUEST_BYTES >> 20} MB", exit_code=1)
         async with self._lock:
             with self._state_lock:
@@ -373,16 +371,17 @@ class SandboxWorker:
                     )
                 self._busy = True
             try:
-                return await self._call(request, frame, timeout_s, cap)
+                return await self._call(request, timeout_s, cap)
             finally:
                 with self._state_lock:
                     self._busy = False
                     self.last_used = time.monotonic()
 
-    async def _call(self, request: dict[str, Any], frame: bytes, timeout_s: float, cap: int) -> SandboxResult:
+    async def _call(self, request: dict[str, Any], timeout_s: float, cap: int) -> SandboxResult:
         self._clear_output()  # what a preloaded module printed while the worker started
         self.calls += 1
-        self._seq = request["seq"]
+        self._seq += 1  # drawn under the lock: calls queued together get numbers of their own
+        frame = encode({**request, "seq": self._seq})
         # The fork count of the last check, not of now: one /proc/stat read per call, and the
         # wrap-around test only gets more cautious (more forks seem to fall in the call).
         start_clock = (last_pid(), self._forks_seen)
