@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import sys
 import threading
@@ -445,12 +446,25 @@ class SandboxWorker:
             try:
                 chunk = os.read(self._rfd, n - len(buf))
             except BlockingIOError:
-                await anyio.wait_readable(self._rfd)
+                if self.proc.exited():  # a child of it may hold the pipe open: EOF may never come
+                    raise _WorkerGone from None
+                await self._readable_or_exited()
                 continue
             if not chunk:
                 raise _WorkerGone
             buf += chunk
         return bytes(buf)
+
+    async def _readable_or_exited(self) -> None:
+        """Until the reply pipe has data or the worker has exited (one epoll of both, one wait)."""
+        pidfd = self.proc.pidfd
+        if pidfd < 0:
+            await anyio.wait_readable(self._rfd)
+            return
+        with select.epoll(2) as either:
+            either.register(self._rfd, select.EPOLLIN)
+            either.register(pidfd, select.EPOLLIN)
+            await anyio.wait_readable(either.fileno())
 
     async def _read_reply(self, seq: int, cap: int) -> dict[str, Any]:
         """The reply to call ``seq``. Frames of earlier calls are skipped: after a forged frame

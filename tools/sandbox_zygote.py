@@ -73,6 +73,11 @@ class ForkedProcess:
         self._template = template
         self._generation = generation
 
+    @property
+    def pidfd(self) -> int:
+        """The pidfd (readable once the worker has exited), or -1 once closed."""
+        return self._pidfd
+
     def exited(self) -> bool:
         if self.returncode is not None:
             return True

@@ -2,7 +2,8 @@
 
 Holes closed (sandbox review): (1) a worker that died mid-call (timeout, crash, ``os._exit``)
 left the processes it had moved into sessions of their own running, as its uid, until the
-session was released; (2) the captured stdout and stderr of a call stayed in the server's
+session was released, and while one of them held the reply pipe open its exit was reported
+as a timeout, after the whole timeout; (2) the captured stdout and stderr of a call stayed in the server's
 memfds (up to ``max_file_mb`` each, counted by no memory figure) until the next call; (3)
 once the template process that forked a worker was gone, an exited worker was reaped by
 init and killing it still signalled its old pid's process group: a process that got that pid
@@ -53,6 +54,17 @@ async def test_a_worker_that_dies_mid_call_leaves_nothing_running(end: str) -> N
         result = await worker.run(DETACH + end)
         assert result.worker_died, result
         assert processes_of(worker.uid) == []  # at once, not when the session is released
+    finally:
+        await worker.aclose()
+
+
+async def test_a_worker_that_exits_mid_call_is_reported_so_even_while_a_child_holds_its_pipe() -> None:
+    """Its children inherit the reply pipe, so EOF never comes: the exit itself must be seen."""
+    worker = await spawn()
+    try:
+        result = await worker.run(DETACH + "os._exit(3)")
+        assert result.worker_died and not result.timed_out, result
+        assert result.exit_code == 3 and "exited with status 3" in (result.error or ""), result
     finally:
         await worker.aclose()
 
