@@ -14,6 +14,8 @@ import httpx
 import orjson
 import pytest
 
+from tests.support.demo import QuickDemo
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -33,15 +35,8 @@ def assert_stopped(url: str) -> None:
 
 
 @pytest.mark.timeout(900)  # three tasks of generation on a CPU, beside whatever else the machine runs
-def test_quick_demo_end_to_end(tmp_path: Path) -> None:
-    out_dir = tmp_path / "demo"
-    done = subprocess.run(
-        demo("--quick", "--out-dir", str(out_dir), "--no-progress"),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=840,
-    )
+def test_quick_demo_end_to_end(quick_demo: QuickDemo) -> None:
+    done, out_dir = quick_demo.done, quick_demo.out_dir
     assert done.returncode == 0, done.stdout + done.stderr
     assert "== all tasks" in done.stdout and "trajectories                    6 (6 prompts)" in done.stdout
     for task in ("search_qa", "arithmetic", "bank"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
@@ -50,6 +51,10 @@ def test_live_page_updates_under_load(open_page) -> None:
             page.wait_for_function(
                 f"Number(document.querySelector('[data-tool-row=echo] [data-calls]').dataset.calls) > {first}"
             )
+            if os.environ.get("TOOLFACTORY_SCREENSHOTS") == "1":  # the docs' picture: a few seconds of curve
+                page.wait_for_function(
+                    "document.querySelector('main svg polyline')?.getAttribute('points').split(' ').length >= 6"
+                )
             screenshot(page, "live")
         finally:
             stop.set()

@@ -95,6 +95,10 @@ def test_tensorboard_event_files_are_read(tmp_path: Path, open_page) -> None:
         missing = httpx.get(srv.url + "/ui/api/scalars", params={"run": "local", "tag": "nope"})
         assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
         page, _ = open_page(srv.url + "/ui/#/training")
+        # the metrics.jsonl charts and table: only runs that have one (no empty legend entry)
+        page.wait_for_selector("polyline[data-series='local (5-step mean)']")
+        assert page.query_selector("polyline[data-series^='tensorboard_log/proj/exp (']") is None
+        assert page.query_selector("[data-runs-table] tr[data-run='tensorboard_log/proj/exp']") is None
         # the tags whose names say reward or score are drawn first, a line per run that has them
         page.wait_for_selector("svg.chart[data-tag='critic/score/mean'] polyline")
         page.wait_for_selector("svg.chart[data-tag='train/reward'] polyline")

@@ -11,6 +11,7 @@ const PAGES = {
 };
 
 let current = null; // { name, handle }: the mounted page; handle.update(args) / handle.unmount()
+let navigation = 0; // counts show() calls: a page still mounting when the next one starts is dropped
 
 function route() {
   const [name, ...rest] = (location.hash.replace(/^#\/?/, "") || "tools").split("/");
@@ -28,14 +29,22 @@ async function show() {
   for (const link of document.querySelectorAll("nav a")) {
     link.toggleAttribute("aria-current", link.dataset.page === name);
   }
-  const main = document.getElementById("main");
-  clear(main, el("p.muted", { text: "loading…" }));
+  // Each navigation mounts into its own element: a page whose mount is still awaiting its data
+  // when the user moves on draws into an element no longer shown, never over the next page.
+  const mine = ++navigation;
+  const view = el("div", {}, el("p.muted", { text: "loading…" }));
+  clear(document.getElementById("main"), view);
   document.title = `${name} · toolfactory workbench`;
   try {
     const page = await PAGES[name]();
-    current = { name, handle: await page.mount(main, args) };
+    const handle = await page.mount(view, args);
+    if (mine !== navigation) {
+      if (handle && handle.unmount) handle.unmount(); // superseded: stop its timers
+      return;
+    }
+    current = { name, handle };
   } catch (error) {
-    clear(main, el("p.error", { role: "alert", text: `${error.kind || "error"}: ${error.message}` }));
+    clear(view, el("p.error", { role: "alert", text: `${error.kind || "error"}: ${error.message}` }));
     if (!(error instanceof ApiError)) throw error;
   }
 }

@@ -21,7 +21,19 @@ function ticks(low, high, count = 5) {
 
 // series: [{ name, points: [[x, y], ...], color?, dashed?, dots? }]
 export function lineChart(series, { width = 640, height = 260, yMin, yMax, xLabel = "", yLabel = "", title = "" } = {}) {
-  const pad = { left: 46, right: 12, top: title ? 22 : 10, bottom: 34 };
+  // the legend runs left to right above the plot (wrapping), so that no line crosses it
+  const legend = series.filter((s) => !s.hideLegend);
+  const legendTop = (title ? 22 : 8) + 4;
+  const placed = [];
+  let at = { x: 46, row: 0 };
+  for (const s of legend) {
+    const w = 24 + 6.5 * s.name.length; // about the width of the 11 px label
+    if (at.x + w > width - 12 && at.x > 46) at = { x: 46, row: at.row + 1 };
+    placed.push({ s, x: at.x, y: legendTop + at.row * 14 });
+    at.x += w;
+  }
+  const legendRows = legend.length ? at.row + 1 : 0;
+  const pad = { left: 46, right: 12, top: legendTop + legendRows * 14 + 14, bottom: 34 };
   const all = series.flatMap((s) => s.points);
   const xs = all.map((p) => p[0]);
   const ys = all.map((p) => p[1]);
@@ -39,7 +51,7 @@ export function lineChart(series, { width = 640, height = 260, yMin, yMax, xLabe
   }
   for (const t of ticks(x0, x1, 8)) root.append(svg("text", { x: sx(t), y: height - pad.bottom + 14, "text-anchor": "middle" }, String(t)));
   root.append(svg("text", { x: (width + pad.left) / 2, y: height - 4, "text-anchor": "middle" }, xLabel));
-  root.append(svg("text", { x: 10, y: pad.top + 8, "text-anchor": "start" }, yLabel));
+  root.append(svg("text", { x: 10, y: pad.top - 6, "text-anchor": "start" }, yLabel));
   series.forEach((s, i) => {
     const color = s.color || PALETTE[i % PALETTE.length];
     const points = s.points.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
@@ -50,12 +62,10 @@ export function lineChart(series, { width = 640, height = 260, yMin, yMax, xLabe
     root.append(line);
     if (s.dots) for (const [x, y] of s.points) root.append(svg("circle", { cx: sx(x), cy: sy(y), r: 3, fill: color }, undefined));
   });
-  const legend = series.filter((s) => !s.hideLegend);
-  legend.forEach((s, i) => {
+  for (const { s, x, y } of placed) {
     const color = s.color || PALETTE[series.indexOf(s) % PALETTE.length];
-    const y = pad.top + 6 + i * 14;
-    root.append(svg("rect", { x: width - pad.right - 230, y: y - 8, width: 10, height: 10, fill: color }));
-    root.append(svg("text", { x: width - pad.right - 216, y: y + 1 }, s.name));
-  });
+    root.append(svg("rect", { x, y: y + 2, width: 10, height: 10, fill: color }));
+    root.append(svg("text", { x: x + 14, y: y + 11 }, s.name));
+  }
   return root;
 }

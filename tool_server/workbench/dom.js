@@ -46,7 +46,7 @@ export function pretty(value) {
 
 export function fmt(value, digits = 3) {
   if (value === null || value === undefined) return "–";
-  if (typeof value === "number") return Number.isInteger(value) ? value.toLocaleString("en") : value.toFixed(digits);
+  if (typeof value === "number") return Number.isInteger(value) ? value.toLocaleString("en") : value.toLocaleString("en", { minimumFractionDigits: digits, maximumFractionDigits: digits });
   return String(value);
 }
 

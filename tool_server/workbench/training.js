@@ -35,26 +35,26 @@ export async function mount(main) {
 
   const draw = () => {
     const selected = runs.filter((r) => chosen.has(r.name));
-    const reward = selected.flatMap((run) => {
+    const logged = selected.filter((run) => run.records.length); // TensorBoard-only runs: their scalars, below
+    const reward = logged.flatMap((run) => {
       const raw = series(run.records, "train", "reward");
       return [{ name: `${run.name} (${SMOOTH}-step mean)`, points: movingAverage(raw) }, { name: `${run.name} batch`, points: raw, opacity: 0.3, hideLegend: true }];
     });
-    const success = selected.flatMap((run) => [
+    const success = logged.flatMap((run) => [
       { name: `${run.name} held-out`, points: series(run.records, "eval", "success"), dots: true },
       { name: `${run.name} greedy`, points: series(run.records, "eval_greedy", "success"), dashed: true },
     ]).filter((s) => s.points.length);
-    const first = selected[0];
+    const first = logged[0];
     const evals = first ? first.records.filter((r) => r.split === "eval") : [];
     const kinds = [...new Set(evals.flatMap((r) => Object.keys(r).filter((k) => k.startsWith("success/"))))].sort();
-    const anyRecords = selected.some((run) => run.records.length);
-    if (!anyRecords) clear(charts, el("p.muted", { text: "no metrics.jsonl in the selected runs (their TensorBoard scalars are below)" }));
+    if (!logged.length) clear(charts, el("p.muted", { text: "no metrics.jsonl in the selected runs (their TensorBoard scalars are below)" }));
     else clear(charts,
       lineChart(reward.map((s, i) => ({ ...s, color: ["#2257a8", "#c0392b", "#1e7b34", "#8e44ad", "#d35400"][Math.floor(i / 2) % 5] })), { title: "training reward", xLabel: "step", yLabel: "reward", width: 820 }),
       success.length ? lineChart(success, { title: "held-out success", xLabel: "step", yLabel: "success", yMin: 0, yMax: 1, width: 820 }) : el("p.muted", { text: "no eval records" }),
       kinds.length ? lineChart(kinds.map((k) => ({ name: k.slice(8), points: series(first.records, "eval", k), dots: true })), { title: `success per kind or level: ${first.name}`, xLabel: "step", yLabel: "success", yMin: 0, yMax: 1, width: 820 }) : null);
     clear(table, el("table", { dataset: { runsTable: "" } },
       el("thead", {}, el("tr", {}, ["run", "steps", "first success", "last success", "best (step)", "train reward first → last"].map((h) => el("th", { text: h })))),
-      el("tbody", {}, selected.map((run) => {
+      el("tbody", {}, logged.map((run) => {
         const train = run.records.filter((r) => r.split === "train");
         const ev = run.records.filter((r) => r.split === "eval" && typeof r.success === "number");
         const best = ev.reduce((b, r) => (!b || r.success > b.success ? r : b), null);
