@@ -146,6 +146,9 @@ Host side: per-worker directories live in one ``toolfactory-sandbox-*`` director
 the server's temp dir, removed with the last worker (closing the pool), at exit, and on
 SIGTERM where nothing else handles the signal.
 
+This module is the API (and this docstring the reference); the code is split by job into
+``tools/sandbox_*.py``, listed in docs/security.md, "Where the code is".
+
 Deployment: the strong mode needs root with CAP_SYS_ADMIN in the server's container
 (docker: ``cap_add: [SYS_ADMIN]`` and a seccomp/AppArmor profile that allows ``unshare``,
 ``mount``, ``pivot_root`` and installing seccomp filters). Run the server under an init
@@ -161,10 +164,10 @@ import anyio
 from tools.sandbox_host import clean_up_on_sigterm, default_hidden_paths
 from tools.sandbox_interpreter import SandboxWorker
 from tools.sandbox_pool import SandboxPool
-from tools.sandbox_proc import processes_of as _processes_of  # noqa: F401 - tests use both
+from tools.sandbox_proc import processes_of
 from tools.sandbox_types import SandboxError, SandboxLimits, SandboxOverloaded, SandboxResult
 from tools.sandbox_uids import DEFAULT_UIDS, configure_uids
-from tools.sandbox_zygote import WORKER_PATH as _WORKER_PATH  # noqa: F401
+from tools.sandbox_zygote import WORKER_PATH
 
 __all__ = [
     "UID_RANGE",
@@ -180,6 +183,9 @@ __all__ = [
 ]
 
 UID_RANGE = DEFAULT_UIDS  # unprivileged uids handed to workers as root (configure_uids: per replica)
+# Kept for tests/tools/test_sandbox.py, which reads these two from here.
+_processes_of = processes_of
+_WORKER_PATH = WORKER_PATH
 
 
 async def run_python(

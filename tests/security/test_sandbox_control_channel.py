@@ -13,28 +13,47 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-from tools.sandbox import SandboxLimits, SandboxWorker
+from tools.sandbox import SandboxLimits, SandboxResult, SandboxWorker
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256, max_output_bytes=4096)
 
+# Finds the worker's control pipe (its only write-only pipe) and this call's request.
+CONTROL_PIPE = r"""
+import fcntl, json, os, stat, sys, threading, time
+request = sys._getframe(0).f_back.f_locals["request"]
+def write_frame(body):
+    for fd in range(3, 64):
+        try:
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+                os.write(fd, len(body).to_bytes(4, "big") + body)
+        except OSError:
+            pass
+"""
+
 # Writes FRAME (with this call's sequence number, read from the bootstrap's frame) to the
 # worker's control pipe, then goes on running.
-FORGE = r"""
-import fcntl, json, os, stat, sys, time
-request = sys._getframe(0).f_back.f_locals["request"]
+FORGE = (
+    CONTROL_PIPE
+    + r"""
 frame = FRAME
 if "seq" in request and isinstance(frame, dict):
     frame.setdefault("seq", request["seq"])
-body = frame if isinstance(frame, bytes) else json.dumps(frame).encode()
-for fd in range(3, 64):
-    try:
-        if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
-            os.write(fd, len(body).to_bytes(4, "big") + body)
-    except OSError:
-        pass
+write_frame(frame if isinstance(frame, bytes) else json.dumps(frame).encode())
 time.sleep(0.3)
 'genuine'
 """
+)
+
+# Returns at once, leaving a thread that writes a reply frame with this call's number a little
+# later: while the next call runs (the worker is stopped between calls).
+FORGE_LATER = (
+    CONTROL_PIPE
+    + r"""
+body = json.dumps({"value": "'forged'", "error": None, "exit_code": 0, "seq": request["seq"]}).encode()
+threading.Thread(target=lambda: (time.sleep(0.2), write_frame(body)), daemon=True).start()
+'first'
+"""
+)
 
 
 def forge(frame: object) -> str:
@@ -86,3 +105,19 @@ async def test_reply_strings_are_cut_to_the_output_cap(worker: SandboxWorker) ->
     result = await worker.run(forge(frame))
     assert result.truncated and len(result.value or "") == len(result.error or "") == LIMITS.max_output_bytes
     assert json.dumps(result.exit_code) == "1"
+
+
+async def test_two_calls_sent_together_cannot_take_each_others_frames(worker: SandboxWorker) -> None:
+    """Hole closed (sandbox review): the sequence number was drawn before a call waited for the
+    worker's lock, so two calls sent together got the same one, and a frame forged by the
+    first call's code during the second passed as the second call's reply."""
+    results: dict[str, SandboxResult] = {}
+
+    async def call(name: str, code: str) -> None:
+        results[name] = await worker.run(code)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "first", FORGE_LATER)
+        tg.start_soon(call, "second", "import time\ntime.sleep(1)\n'second'")
+    assert results["first"].value == "'first'", results["first"]
+    assert results["second"].value == "'second'", results["second"]
