@@ -139,15 +139,16 @@ class SandboxWorker:
         startup_timeout_s: float,
     ) -> SandboxWorker:
         uid = UIDS.acquire() if os.geteuid() == 0 else None
-        hostdir = HOSTDIRS.new()
-        ctl_in, to_worker = os.pipe()
-        from_worker, ctl_out = os.pipe()
-        out_fd = os.memfd_create("sandbox-stdout")
-        err_fd = os.memfd_create("sandbox-stderr")
-        ours = (to_worker, from_worker, out_fd, err_fd)
-        theirs = [ctl_in, ctl_out, out_fd, err_fd]  # in the order the worker expects them
+        hostdir = None
+        made: list[int] = []  # every fd made here: the ones the worker keeps are closed on failure
         proc = None
         try:
+            hostdir = HOSTDIRS.new()
+            made += os.pipe()
+            made += os.pipe()
+            made += (os.memfd_create("sandbox-stdout"),)
+            made += (os.memfd_create("sandbox-stderr"),)
+            ctl_in, to_worker, from_worker, ctl_out, out_fd, err_fd = made
             if uid is not None:
                 os.chown(hostdir, uid, uid)
             os.chmod(hostdir, 0o700)
@@ -166,15 +167,15 @@ class SandboxWorker:
                 "max_open_files": limits.max_open_files,
                 "tmpfs_mb": limits.tmpfs_mb,
             }
-            try:
-                proc = template_for(python).fork(config, theirs)
+            try:  # the worker's fds, in the order it expects them
+                proc = template_for(python).fork(config, [ctl_in, ctl_out, out_fd, err_fd])
             except TemplateLost:
                 raise
             except TemplateError as exc:
                 raise SandboxError(f"the sandbox worker failed to start: {exc}") from None
             for fd in (ctl_in, ctl_out):
+                made.remove(fd)
                 os.close(fd)  # the worker has them; EOF on from_worker now means it is gone
-            theirs = []
             ready = read_frame(from_worker, startup_timeout_s)
             if not ready or not ready.get("ready"):
                 reason = ready.get("error") if ready else None
@@ -184,8 +185,11 @@ class SandboxWorker:
                     reason = "no reply" + ("" if code is None else f" (exit status {code})")
                 raise SandboxError(f"the sandbox worker failed to start: {reason}")
             isolation = {"start": "forked from the pre-warmed template process", **ready["isolation"]}
-            return cls(proc, limits, uid, hostdir, ours, isolation)
-        except BaseException:
+            return cls(proc, limits, uid, hostdir, (to_worker, from_worker, out_fd, err_fd), isolation)
+        except BaseException as exc:
+            for fd in made:  # first: out of fds, the steps below need some back
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             if proc is not None:
                 _terminate(proc, None)
                 proc.wait(5)
@@ -194,10 +198,10 @@ class SandboxWorker:
             # forked the worker before it died.
             if uid is not None and kill_uid(uid):
                 UIDS.release(uid)
-            for fd in {*ours, *theirs}:  # out_fd and err_fd are in both: closed once, not twice
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            HOSTDIRS.drop(hostdir)
+            if hostdir is not None:
+                HOSTDIRS.drop(hostdir)
+            if isinstance(exc, OSError):  # out of fds, memory or disk: the caller sees a SandboxError
+                raise SandboxError(f"the sandbox worker failed to start: {exc}") from exc
             raise
 
     @property

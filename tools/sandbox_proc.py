@@ -85,14 +85,19 @@ def kill_uid(uid: int) -> bool:
     """SIGKILL every process of a sandbox uid, repeatedly, until a fork bomb runs dry.
     False if some were still there after the last round (the uid must not be handed out)."""
     for _ in range(50):
-        pids = processes_of(uid)
+        try:
+            pids = processes_of(uid)
+        except OSError:  # /proc unreadable (out of fds): not known to be gone
+            return False
         if not pids:
             return True
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.002)
-    return not processes_of(uid)
+    with contextlib.suppress(OSError):
+        return not processes_of(uid)
+    return False
 
 
 def cpu_seconds(pid: int) -> float:

@@ -174,6 +174,11 @@ class UidAllocator:
     def uids(self) -> range:
         return self._uids
 
+    @property
+    def in_use(self) -> int:
+        """How many uids live workers hold (or that still have processes left)."""
+        return len(self._used)
+
     def use(self, uids: range, claim: UidClaim | None) -> None:
         """Draw from ``uids`` from now on (held by ``claim``). Workers already running keep
         their uids, which stay taken until they are released."""
