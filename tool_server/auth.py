@@ -18,6 +18,18 @@ from tool_server.config import AuthConfig, ConfigError
 ANONYMOUS_TENANT = "anonymous"  # the one tenant of a server without tokens
 
 
+def sees_server_wide(scope: Scope, *, public_by_choice: bool = False) -> bool:
+    """Whether the caller may see figures that name every tool and upstream (``/metrics``,
+    ``/readyz``'s checks, the workbench's live page): a token for every toolset, or a server
+    without tokens. Not a token scoped to some toolsets (the other tools are not its to list),
+    nor a caller without a token on a public path, unless ``public_by_choice``: the figures
+    are the path's whole answer and the operator listed it in ``auth.public_paths``."""
+    state = scope.get("state") or {}
+    if public_by_choice and state.get("public"):
+        return True
+    return not state.get("anonymous") and state.get("toolsets") is None
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     secret: str
@@ -118,10 +130,20 @@ class AuthMiddleware:
         self.public = set(public_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens or scope["path"] in self.public:
+        if scope["type"] != "http" or not self.tokens:
             await self.app(scope, receive, send)
             return
         token = self._match(scope)
+        if scope["path"] in self.public:  # served to anyone; a valid token still says who asks
+            state = scope.setdefault("state", {})
+            state["public"] = True
+            if token is None:
+                state["anonymous"] = True
+            else:
+                state["toolsets"] = token.toolsets
+                state["tenant"] = token.tenant
+            await self.app(scope, receive, send)
+            return
         if token is None:
             message = "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
             if scope["path"] == "/mcp" or scope["path"].startswith("/mcp/"):

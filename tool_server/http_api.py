@@ -28,7 +28,7 @@ from protocol import (
     new_session_id,
 )
 from protocol.messages import MAX_ID_LENGTH
-from tool_server.auth import ANONYMOUS_TENANT
+from tool_server.auth import ANONYMOUS_TENANT, sees_server_wide
 from tool_server.executor import Caller, Executor, Overloaded
 from tool_server.openapi import openapi_spec
 from tool_server.registry import Registry
@@ -287,6 +287,8 @@ class HttpApi:
         return self.answer({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
+        """Ready or not (200/503) for anyone; what each check found only to a caller who may see
+        every tool (upstream names and their last errors say what the server talks to)."""
         checks = {}
         healthy = self.ready
         for check in self.readiness_checks:
@@ -294,19 +296,24 @@ class HttpApi:
             checks[name] = {"ok": ok, **detail}
             healthy = healthy and ok
         status = 200 if healthy else 503
-        return self.answer(
-            {
-                "status": "ready" if healthy else "not ready",
+        body: dict[str, Any] = {"status": "ready" if healthy else "not ready"}
+        if sees_server_wide(request.scope):
+            body |= {
                 "tools": len(self.registry.entries),
                 "in_flight": self.executor.admitted,
                 "checks": checks,
-            },
-            status,
-        )
+            }
+        return self.answer(body, status)
 
     async def metrics(self, request: Request) -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+        if not sees_server_wide(request.scope, public_by_choice=True):  # a Prometheus without a token
+            return error_response(
+                403,
+                ErrorKind.UNAUTHORIZED,
+                "the metrics name every tool and upstream: they need a token for every toolset",
+            )
         m = self.executor.metrics
         m.in_flight.set(self.executor.running)
         m.queue_depth.set(max(0, self.executor.admitted - self.executor.running))

@@ -115,6 +115,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     text = {
         400: "Malformed body",
         401: "Missing or bad token",
+        403: "The token is scoped to some toolsets; this needs a token for every toolset",
         404: "Not found",
         409: "Conflict: the session id is taken, or the session already plays another task",
         413: "Body or batch too large",
@@ -286,12 +287,16 @@ def openapi_spec() -> dict[str, Any]:
             "/healthz": {"get": {"summary": "Liveness", "responses": {"200": {"description": "Alive"}}}},
             "/readyz": {
                 "get": {
-                    "summary": "Readiness (tools started, upstreams healthy)",
+                    "summary": "Readiness (tools started, upstreams healthy); each check's findings only "
+                    "with a token for every toolset, or on a server without tokens",
                     "responses": {"200": {"description": "Ready"}, **_errors(503)},
                 }
             },
             "/metrics": {
-                "get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "Metrics"}}}
+                "get": {
+                    "summary": "Prometheus metrics (they name every tool: a token for every toolset)",
+                    "responses": {"200": {"description": "Metrics"}, **_errors(401, 403)},
+                }
             },
         },
     }

@@ -21,6 +21,7 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from protocol import ErrorKind
+from tool_server.auth import sees_server_wide
 from tool_server.config import Config
 from tool_server.http_api import HttpApi, error_response, json_response
 from tool_server.workbench_files import FileError, Files, TrajectoryIndex
@@ -98,6 +99,8 @@ class Workbench:
 
     async def live(self, request: Request) -> Response:
         scraped = await self.api.metrics(request)  # refreshes the gauges as a scrape does
+        if scraped.status_code != 200:
+            return scraped  # a token scoped to some toolsets: the figures name every tool
         snapshot = metrics_snapshot(bytes(scraped.body).decode())
         checks = {}
         for check in self.api.readiness_checks:
@@ -110,7 +113,7 @@ class Workbench:
     # ----------------------------------------------------------------- files
 
     def _refused(self, request: Request) -> Response | None:
-        if (request.scope.get("state") or {}).get("toolsets") is not None:
+        if not sees_server_wide(request.scope):
             return error_response(
                 403,
                 ErrorKind.UNAUTHORIZED,

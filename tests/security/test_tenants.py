@@ -231,3 +231,37 @@ def test_non_ascii_bearer_tokens_get_401_not_500(tenants, raw):
     )
     assert response.status_code == 401
     assert tenants.proc.poll() is None
+
+
+# ------------------------------------------------------------------ 5. server-wide figures
+
+
+def test_server_wide_figures_need_a_token_for_every_tool(tmp_path):
+    """/metrics and /readyz name every tool and upstream (an upstream's last error may name a
+    host): a token scoped to some toolsets, or no token on the public /readyz, must not see them."""
+    config = server_config(
+        toolsets={"mathonly": ["calculator"]},
+        mcpServers={"internal": {"url": "http://127.0.0.1:9/secret-upstream/mcp"}},  # nothing listens
+    )
+    config["tools"] = [*config["tools"], NOTEBOOK]
+    env = {"TOOLFACTORY_TOKENS": f"{TOKEN_A},{TOKEN_B}:mathonly"}
+    with running_server(config, env=env) as srv:
+        full = httpx.get(srv.url + "/metrics", headers=auth(TOKEN_A))
+        assert full.status_code == 200 and 'server="internal"' in full.text
+        for path in ("/metrics", "/ui/api/live"):
+            scoped = httpx.get(srv.url + path, headers=auth(TOKEN_B))
+            assert scoped.status_code == 403, (path, scoped.text)
+            assert scoped.json()["error"]["kind"] == "unauthorized"
+            assert "internal" not in scoped.text and "secret-upstream" not in scoped.text
+        detailed = httpx.get(srv.url + "/readyz", headers=auth(TOKEN_A)).json()
+        assert "secret-upstream" in str(detailed["checks"])  # the operator sees why it is down
+        for headers in ({}, auth(TOKEN_B), auth("not-a-token-0123456789")):
+            answer = httpx.get(srv.url + "/readyz", headers=headers)
+            assert answer.status_code in (200, 503)
+            assert answer.json() == {"status": detailed["status"]}, headers
+    # an operator who makes /metrics public (a Prometheus without a token) gets what they chose
+    config["auth"] = {"public_paths": ["/healthz", "/readyz", "/metrics"]}
+    with running_server(config, env=env) as srv:
+        assert 'server="internal"' in httpx.get(srv.url + "/metrics").text
+        assert httpx.get(srv.url + "/ui/api/live", headers=auth(TOKEN_B)).status_code == 403
+        assert "checks" not in httpx.get(srv.url + "/readyz").json()
