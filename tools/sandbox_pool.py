@@ -101,9 +101,14 @@ class SandboxPool:
             self._started = False
             raise
         with self._cond:
-            self._state.idle.append(first)
-        self._thread = threading.Thread(target=self._maintain, name="sandbox-pool", daemon=True)
-        self._thread.start()
+            closing = self._state.closing  # closed while the first worker started
+            if not closing:
+                self._state.idle.append(first)
+                self._thread = threading.Thread(target=self._maintain, name="sandbox-pool", daemon=True)
+                self._thread.start()
+        if closing:
+            await first.aclose()
+            raise SandboxError("the sandbox pool was closed while it started")
 
     async def close(self) -> None:
         """Kill every worker, idle and leased, and stop the background thread."""
