@@ -106,10 +106,12 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   flag. ``clone3`` fails with ENOSYS (its flags are in memory a filter cannot read; libc
   falls back to ``clone``); a foreign syscall ABI (x32, i386) is refused or kills.
 * **control channel**: the code can write frames to its own worker's reply pipe. A
-  reply is trusted only as that call's displayed output (see ``_parse_reply``): its
-  shape and sizes are checked, stale frames are skipped by sequence number, a malformed
-  one kills only its own worker, and every decision (alive, CPU, memory, processes) is
-  taken from the kernel.
+  reply is trusted only as that call's displayed output (see
+  ``sandbox_frames.parse_reply``): its shape and sizes are checked, stale frames are
+  skipped by sequence number (drawn per call under the worker's lock), a malformed one
+  kills only its own worker, and every decision (alive, CPU, memory, processes) is taken
+  from the kernel: a worker's exit is seen from its pidfd, even while a child of it holds
+  the pipe open.
 * **fleet** (``SandboxPool``): at most ``max_workers`` live interpreters and
   ``max_total_memory_mb`` of their memory (PSS of the worker plus what its tmpfs mounts
   hold). A new lease past either limit evicts idle leased workers, least recently used
