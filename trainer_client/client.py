@@ -84,6 +84,7 @@ from trainer_client.client_records import (
     retry_after,
 )
 from trainer_client.client_routing import INSTANCE_HEADER, Router, SessionLost
+from trainer_client.client_splits import Splitter
 from trainer_client.discovery import Discovery, dns_name, resolve
 
 log = logging.getLogger(__name__)
@@ -182,11 +183,7 @@ class ToolClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._pending: set[Pending] = set()  # submitted, not settled: failed on aclose()
         self._backing_off: dict[Pending, tuple[asyncio.TimerHandle, Replica | None]] = {}
-        # Split POSTs each hold a connection for as long as their call runs; past a quarter of
-        # the pool they would queue for connections (httpcore's queue is quadratic) and slow
-        # every batch down, so beyond that a slow batch simply stays whole.
-        self._joins = 0
-        self._max_joins = max(1, max_connections // 4)
+        self._splits = Splitter(self.batch, max_connections, self._join, self._metrics, self._background)
         self._closed = False
 
     @property
@@ -430,16 +427,7 @@ class ToolClient:
         if replica.described is None:  # once per replica (process): which tools are idempotent
             replica.described = asyncio.get_running_loop().create_task(self._catalog.learn(replica))
             self._background(replica.described)
-        split = None
-        if (
-            endpoint is CALLS
-            and self.batch.split_after_s > 0
-            and 1 < len(items) <= self.batch.split_max
-            and not replica.saturated
-        ):
-            split = asyncio.get_running_loop().call_later(
-                self.batch.split_after_s, self._split, replica, items
-            )
+        split = self._splits.arm(replica, items) if endpoint is CALLS else None
         failure: Exception | None = None
         expected = self._router.instance(replica)  # the process this batch's sessions live in
         try:
@@ -505,31 +493,10 @@ class ToolClient:
         log.error("unexpected error %s", doing, exc_info=exc)
         self._fail_all(items, ErrorKind.UNAVAILABLE, f"client error {doing}: {exc!r}")
 
-    def _split(self, replica: Replica, items: list[Pending]) -> None:
-        """Head-of-line relief for a small batch that is still out after ``split_after_ms``.
-
-        A batch is answered only when its slowest call ends, so one slow call would hold
-        back the fast calls of other trajectories that happened to share its POST. Each
-        call still pending gets a POST of its own with the same call_id: the server joins
-        the running call (or answers from its result store), so nothing runs twice, and
-        each caller gets its result as soon as its own call ends.
-        """
-        loop = asyncio.get_running_loop()
-        for item in items:
-            if not item.future.done() and self._joins < self._max_joins:
-                self._joins += 1
-                self._metrics.splits += 1
-                self._background(loop.create_task(self._join(replica, item)))
-
     async def _join(self, replica: Replica, item: Pending) -> None:
-        try:
-            await self._join_once(replica, item)
-        finally:
-            self._joins -= 1
-
-    async def _join_once(self, replica: Replica, item: Pending) -> None:
-        """One split POST. A failure the batch POST will see too is left to it: that POST is
-        still out and owns the retries. Anything else is a bug: the call ends with an error."""
+        """One split POST (``client_splits``). A failure the batch POST will see too is left to
+        it: that POST is still out and owns the retries. Anything else is a bug: the call ends
+        with an error."""
         try:
             response = await self._http.post(
                 replica.url + CALLS.path,
@@ -579,6 +546,8 @@ class ToolClient:
                     f"{replica.url} returned {len(results)} results for {len(items)} requests",
                 )
                 return
+            if endpoint is CALLS:
+                self._splits.answered(replica, response.elapsed.total_seconds(), results)
             for item, result in zip(items, results, strict=True):
                 if endpoint.overloaded(result):  # refused before it ran: re-send after a pause
                     m.error("overloaded")

@@ -25,7 +25,8 @@ class BatchPolicy:
         split_after_ms: a batch of at most ``split_max`` calls still unanswered after this
             long gets one extra POST per pending call (same call_id, so the server joins the
             running call): a slow call then no longer delays the fast calls that shared its
-            batch. ``0`` disables it.
+            batch. Only while the replica's recent batches say one call is to blame, not the
+            replica as a whole (``client_splits``). ``0`` disables it.
         split_max: largest batch that is split that way.
     """
 

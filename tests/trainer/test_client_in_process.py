@@ -117,7 +117,8 @@ async def test_an_unexpected_error_in_a_split_post_ends_its_call_with_a_tracebac
 
     async with running_app() as app:
         transport = FaultyTransport(app, split_post)
-        async with in_process_client(transport, batch=BatchPolicy(split_after_ms=20)) as client:
+        async with in_process_client(transport, batch=BatchPolicy(split_after_ms=200)) as client:
+            await client.call_tools(calls("echo", {}, 2))  # in time: the replica may be split
             started = asyncio.get_running_loop().time()
             results = await asyncio.wait_for(client.call_tools(calls("sleep", {"seconds": 3}, 2)), timeout=10)
             elapsed = asyncio.get_running_loop().time() - started
