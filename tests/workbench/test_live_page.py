@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 import threading
 import uuid
+from pathlib import Path
 
 import httpx
 
@@ -66,3 +69,21 @@ def test_live_page_updates_under_load(open_page) -> None:
         total = httpx.get(srv.url + "/metrics").text
         assert "toolfactory_calls_total" in total
         page.close()  # before the server stops: the page polls it
+
+
+def test_each_upstreams_health_and_why_it_is_down(open_page) -> None:
+    time_server = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
+    upstreams = {"gone": {"url": "http://127.0.0.1:9/mcp"}}  # nothing listens on port 9
+    if Path(time_server).exists():
+        upstreams["clock"] = {"command": time_server}
+    with running_server(server_config(mcpServers=upstreams)) as srv:
+        page, _ = open_page(srv.url + "/ui/#/live")
+        page.wait_for_selector("tr[data-upstream=gone]")
+        assert page.get_attribute("tr[data-upstream=gone]", "data-healthy") == "0"
+        gone = page.inner_text("tr[data-upstream=gone]")
+        last_error = httpx.get(srv.url + "/readyz").json()["checks"]["upstream:gone"]["last_error"]
+        assert last_error and last_error in gone  # why it is down, as the server says it
+        if "clock" in upstreams:
+            page.wait_for_selector("tr[data-upstream=clock][data-healthy='1']")
+            assert "2 tools" in page.inner_text("tr[data-upstream=clock]")
+        page.close()

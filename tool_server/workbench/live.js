@@ -90,7 +90,12 @@ export async function mount(main) {
       : el("p.muted", { text: "none" }));
     const checks = Object.entries(snap.checks || {}).filter(([name]) => name.startsWith("upstream:"));
     clear(upstreams, el("h3", { text: "upstream servers" }), checks.length
-      ? el("table", {}, el("tbody", {}, checks.map(([name, c]) => el("tr", {}, el("td", { text: name.slice(9) }), el("td", { text: c.state || (c.ok ? "up" : "down"), class: c.ok ? "" : "error" }), el("td.num", { text: `${fmt(c.restarts ?? 0)} restarts` }) ))))
+      ? el("table", {}, el("tbody", {}, checks.map(([name, c]) => el("tr", { dataset: { upstream: name.slice(9), healthy: c.healthy ? "1" : "0" } },
+        el("td", { text: name.slice(9), title: `${c.transport || ""}${c.required ? ", required: decides readiness" : ""}` }),
+        el("td", { text: c.state || (c.healthy ? "up" : "down"), class: c.healthy ? "" : "error" }),
+        el("td.num", { text: c.healthy ? `${fmt(c.tools ?? 0)} tools` : "" }),
+        el("td.num", { text: `${fmt(c.restarts ?? 0)} restarts` }),
+        el("td.muted", { text: c.healthy ? "" : c.last_error || "" })))))
       : el("p.muted", { text: "none configured" }));
   };
 
