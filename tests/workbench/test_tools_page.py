@@ -15,11 +15,12 @@ from tests.workbench.conftest import screenshot
 
 TOKEN = "workbench-test-token-0123456789"
 PLAN_TRIP = {"target": "tests.workbench.form_tools:plan_trip", "toolsets": ["test"]}
+NOTEBOOK = {"target": "tests.support.stateful_tools:notebook", "toolsets": ["test"]}
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    with running_server(server_config(tools=[*server_config()["tools"], PLAN_TRIP])) as proc:
+    with running_server(server_config(tools=[*server_config()["tools"], PLAN_TRIP, NOTEBOOK])) as proc:
         yield proc
 
 
@@ -178,3 +179,35 @@ def test_with_tokens_the_page_asks_for_one_and_the_data_needs_it(open_page) -> N
         assert '-H "Authorization: Bearer $TOOLFACTORY_TOKEN"' in page.inner_text(
             "[data-snippet='curl /v1/calls'] pre"
         )
+
+
+def test_a_stateful_tool_in_a_session_opened_chosen_and_released_on_the_page(server, open_page) -> None:
+    page, _ = open_page(server.url + "/ui/#/tools/notebook")
+    page.wait_for_selector("[data-field=put]")
+
+    def put(line: str) -> dict:
+        page.fill("[data-field=put]", line)
+        page.click("button:has-text('Call')")
+        page.wait_for_function(
+            f"document.querySelector('[data-structured]')?.textContent.includes({json.dumps(line)})"
+        )
+        return json.loads(page.inner_text("[data-structured]"))
+
+    page.click("button:has-text('new session')")
+    page.wait_for_function("document.querySelector('select[aria-label=session]').value !== ''")
+    session = page.eval_on_selector("select[aria-label=session]", "e => e.value")
+    assert put("first") == {"session": session, "lines": ["first"]}
+    assert put("second") == {"session": session, "lines": ["first", "second"]}  # the same world
+    page.select_option("select[aria-label=session]", "")  # a throwaway session: a fresh notebook
+    throwaway = put("alone")
+    assert throwaway["lines"] == ["alone"] and throwaway["session"] != session
+    page.select_option("select[aria-label=session]", session)
+    page.click("button:has-text('release')")
+    page.wait_for_function(
+        f"![...document.querySelectorAll('select[aria-label=session] option')].some(o => o.value === {json.dumps(session)})"
+    )
+    late = httpx.post(
+        server.url + "/v1/calls",
+        json={"calls": [{"call_id": "late-1", "name": "notebook", "arguments": {}, "session": session}]},
+    ).json()
+    assert late["results"][0]["error"]["kind"] == "unknown_session"  # released on the server too
