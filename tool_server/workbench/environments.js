@@ -85,7 +85,7 @@ export async function mount(main, args) {
       el("li.muted", { text: `level ${level}` }),
       ts.map((t) => el("li", {}, el("button.item", { type: "button", dataset: { task: t.id }, "aria-selected": String(t.id === state.task),
         on: { click: () => { location.hash = `#/environments/${encodeURIComponent(p.id)}/${encodeURIComponent(t.id)}`; } } },
-      el("span.name", { text: t.id }), el("span.kind", { text: `${t.gold.length} calls · ${t.scenario}` }), el("small", { text: String(t.prompt).slice(0, 90) })))),
+      el("span.name", { text: t.id }), el("span.kind", { text: `${t.gold.length} call${t.gold.length === 1 ? "" : "s"} · ${t.scenario}` }), el("small", { text: String(t.prompt).slice(0, 90) })))),
     ]), tasks.length > PAGE ? el("li.muted", { text: `${tasks.length - PAGE} more: filter to find them` }) : null);
   };
 
