@@ -25,13 +25,12 @@ from tools.sandbox_proc import (
     Clock,
     cpu_seconds,
     forks,
+    kill_strays,
     kill_uid,
     last_pid,
-    new_pids,
     pid_clock,
-    pids_in,
-    process_status,
     pss_bytes,
+    started_none,
 )
 from tools.sandbox_types import SandboxError, SandboxLimits, SandboxResult
 from tools.sandbox_uids import UIDS
@@ -281,60 +280,24 @@ class SandboxWorker:
                     total += (st.f_blocks - st.f_bfree) * st.f_frsize
         return total
 
-    def _members(self, pids: list[int], known: set[int]) -> set[int]:
-        """Which of pids are other processes of this sandbox: its uid, or (no uid) its descendants."""
-        root = self.proc.pid
-        info = {pid: st for pid in pids if pid != root and (st := process_status(pid)) is not None}
-        if self.uid is not None:
-            return {pid for pid, (uid, _) in info.items() if uid == self.uid}
-        members: set[int] = set()
-        grew = True
-        while grew:  # orphans are re-parented to the worker (its subreaper), so the tree holds
-            grew = False
-            for pid, (_, ppid) in info.items():
-                if pid not in members and (ppid == root or ppid in members or ppid in known):
-                    members.add(pid)
-                    grew = True
-        return members
-
-    def _quiet(self, start: Clock, now: Clock) -> bool:
-        """Cheap check after a call: no process of the sandbox was started during it."""
-        window = new_pids(start, now)
-        return (
-            window is not None and sum(map(len, window)) <= 64 and not self._members(pids_in(window), set())
-        )
-
     def _kill_strays(self, start: Clock) -> bool:
-        """Kill every process the call left running (all were started during it: the ones of
-        earlier calls were killed the same way), adding their CPU to the worker's account.
-        False if they never ran dry (then the worker and its uid are killed too)."""
-        known: set[int] = set()
-        clock = start
-        for _ in range(500):
-            now = pid_clock()
-            found = self._members(pids_in(new_pids(clock, now)), known)
-            found |= {pid for pid in known if process_status(pid) is not None}
-            if not found:
-                return True
-            for pid in found - known:
-                self._killed_cpu_s += cpu_seconds(pid)
-            for pid in found:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            known |= found
-            clock = now
-            time.sleep(0.001)
-        self.kill()
-        if self.uid is not None:
-            kill_uid(self.uid)
-        return False
+        """Kill what the call left running, adding its CPU to the worker's account; False if
+        it never ran dry (then the worker and its uid are killed too)."""
+        dry, cpu_s = kill_strays(start, self.proc.pid, self.uid)
+        self._killed_cpu_s += cpu_s
+        if not dry:
+            self.kill()
+            if self.uid is not None:
+                kill_uid(self.uid)
+        return dry
 
     async def _settle(self, start: Clock) -> str | None:
         """After a call: freeze the worker, kill what it left running, check its CPU budget."""
         self.proc.send_signal(signal.SIGSTOP)  # threads it left running stop too
         now = pid_clock()
         self._forks_seen = now[1]
-        if not self._quiet(start, now) and not await anyio.to_thread.run_sync(self._kill_strays, start):
+        quiet = started_none(start, now, self.proc.pid, self.uid)
+        if not quiet and not await anyio.to_thread.run_sync(self._kill_strays, start):
             return "the processes it started could not all be stopped; the interpreter was killed"
         budget = self.limits.worker_cpu_s
         if self.cpu_used_s > budget:

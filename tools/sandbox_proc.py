@@ -1,8 +1,9 @@
-"""What the sandbox learns about processes, from the kernel's /proc (never from a worker's word).
+"""A sandbox's processes, from the kernel's /proc (never from a worker's word): find, count, kill.
 
 Read by the server after every call: which processes of a sandbox are left (by uid, or by
 ancestry without one), the pids handed out since a call began (there is no PID namespace),
-CPU and memory. Raw ``os.open``/``os.read``: several of these run per call.
+CPU and memory; and the processes a call left running, or every one of a uid, killed.
+Raw ``os.open``/``os.read``: several of these run per call.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "Clock",
     "cpu_seconds",
     "forks",
+    "kill_strays",
     "kill_uid",
     "last_pid",
     "new_pids",
@@ -24,6 +26,7 @@ __all__ = [
     "process_status",
     "processes_of",
     "pss_bytes",
+    "started_none",
 ]
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -157,3 +160,52 @@ def pss_bytes(pid: int) -> int:
         if value:
             return int(value[0]) * 1024
     return 0
+
+
+def _members(pids: list[int], known: set[int], root: int, uid: int | None) -> set[int]:
+    """Which of pids are other processes of the sandbox whose worker is ``root``: those of its
+    uid, or (no uid) its descendants."""
+    info = {pid: st for pid in pids if pid != root and (st := process_status(pid)) is not None}
+    if uid is not None:
+        return {pid for pid, (owner, _) in info.items() if owner == uid}
+    members: set[int] = set()
+    grew = True
+    while grew:  # orphans are re-parented to the worker (its subreaper), so the tree holds
+        grew = False
+        for pid, (_, ppid) in info.items():
+            if pid not in members and (ppid == root or ppid in members or ppid in known):
+                members.add(pid)
+                grew = True
+    return members
+
+
+def started_none(start: Clock, now: Clock, root: int, uid: int | None) -> bool:
+    """Cheap check after a call: no process of the sandbox was started during it."""
+    window = new_pids(start, now)
+    return (
+        window is not None and sum(map(len, window)) <= 64 and not _members(pids_in(window), set(), root, uid)
+    )
+
+
+def kill_strays(start: Clock, root: int, uid: int | None) -> tuple[bool, float]:
+    """Kill every process of the sandbox a call left running (all were started during it: the
+    ones of earlier calls were killed the same way). Whether they ran dry, and the CPU seconds
+    of those killed (for the worker's lifetime account)."""
+    known: set[int] = set()
+    clock = start
+    cpu_s = 0.0
+    for _ in range(500):
+        now = pid_clock()
+        found = _members(pids_in(new_pids(clock, now)), known, root, uid)
+        found |= {pid for pid in known if process_status(pid) is not None}
+        if not found:
+            return True, cpu_s
+        for pid in found - known:
+            cpu_s += cpu_seconds(pid)
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        known |= found
+        clock = now
+        time.sleep(0.001)
+    return False, cpu_s
