@@ -90,6 +90,7 @@ from trainer_client.discovery import Discovery, dns_name, resolve
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "TOOLFACTORY_TOKEN"  # read when no token is passed explicitly
+KEEPALIVE_CONNECTIONS = 32  # idle connections kept open for reuse (all replicas together)
 _REQUEST_RETRIES = 6  # plain requests (tool lists, sessions) when max_retries is None
 
 
@@ -161,8 +162,12 @@ class ToolClient:
             self._headers["authorization"] = f"Bearer {token}"
         self._auth = {k: v for k, v in self._headers.items() if k == "authorization"}
         self._owns_http = http is None  # an injected client belongs to the caller, who closes it
+        # httpcore re-checks every pooled connection (a poll each, and a scan of the pool per idle
+        # one) whenever a request starts or ends: idle connections kept from a burst cost CPU on
+        # every later POST, so only a few are kept (bench/README.md, "ToolClient CPU").
+        keep = min(max_connections, KEEPALIVE_CONNECTIONS)
         self._http = http or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=keep),
             timeout=httpx.Timeout(self.retry.timeout_s, pool=None),
         )
         self._batchers: dict[tuple[int, str], Batcher] = {}
