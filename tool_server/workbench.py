@@ -21,7 +21,7 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from protocol import ErrorKind
-from tool_server.auth import sees_server_wide
+from tool_server.auth import ANONYMOUS_TENANT, sees_server_wide
 from tool_server.config import Config
 from tool_server.http_api import HttpApi, error_response, json_response
 from tool_server.workbench_files import FileError, Files, TrajectoryIndex
@@ -124,7 +124,7 @@ class Workbench:
     async def list_files(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        files = await anyio.to_thread.run_sync(self.files.listing, ".jsonl")
+        files = await anyio.to_thread.run_sync(self.files.listing, ".jsonl", _tenant(request))
         runs_dir = str(self.files.runs_dir) if self.files.runs_dir else None
         return json_response({"runs_dir": runs_dir, "files": files})
 
@@ -134,7 +134,7 @@ class Workbench:
         body = await request.body()  # BodyLimitMiddleware caps it at limits.max_request_bytes
         if not body.strip():
             return error_response(400, ErrorKind.BAD_REQUEST, "the upload is empty")
-        name = self.files.add_upload(request.query_params.get("name", "upload.jsonl"), body)
+        name = self.files.add_upload(request.query_params.get("name", "upload.jsonl"), body, _tenant(request))
         return json_response({"file": name}, 201)
 
     async def trajectories(self, request: Request) -> Response:
@@ -142,7 +142,7 @@ class Workbench:
             return refused
         params = request.query_params
         try:
-            path = self.files.resolve(params.get("file", ""))
+            path = self.files.resolve(params.get("file", ""), _tenant(request))
             offset, limit = _int(params, "offset", 0), min(_int(params, "limit", 50), MAX_PAGE)
             page = await anyio.to_thread.run_sync(self.index.page, path, dict(params), offset, limit)
         except FileError as exc:
@@ -154,7 +154,7 @@ class Workbench:
             return refused
         params = request.query_params
         try:
-            path = self.files.resolve(params.get("file", ""))
+            path = self.files.resolve(params.get("file", ""), _tenant(request))
             line = _int(params, "line", 0)
             record = await anyio.to_thread.run_sync(self.index.record, path, line)
             siblings = await anyio.to_thread.run_sync(self.index.siblings, path, line)
@@ -233,3 +233,8 @@ def _int(params: Any, key: str, default: int) -> int:
     if value < 0:
         raise FileError(f"{key} must be 0 or more, got {value}")
     return value
+
+
+def _tenant(request: Request) -> str:
+    """Whose uploads a request may see: its token's tenant (one tenant on a server without tokens)."""
+    return (request.scope.get("state") or {}).get("tenant", ANONYMOUS_TENANT)

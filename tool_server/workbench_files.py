@@ -25,7 +25,7 @@ import orjson
 __all__ = ["FileError", "Files", "TrajectoryIndex", "summary_of"]
 
 UPLOAD_PREFIX = "upload:"
-MAX_UPLOADS = 16  # the oldest upload goes when another arrives
+MAX_UPLOADS = 16  # per tenant: its oldest upload goes when another arrives
 MAX_INDEXED_FILES = 8  # indexes kept in memory (one small tuple per line each)
 MAX_LISTED_FILES = 2000
 
@@ -39,17 +39,21 @@ class FileError(ValueError):
 
 
 class Files:
-    """Maps the names the UI uses to paths: relative to ``runs_dir``, or ``upload:<id>/<name>``."""
+    """Maps the names the UI uses to paths: relative to ``runs_dir``, or ``upload:<id>/<name>``.
+
+    The runs directory is the server's, shown to every token that may read files; an upload
+    is its tenant's: another tenant neither lists nor opens it, nor pushes it out.
+    """
 
     def __init__(self, runs_dir: str | None) -> None:
         self.runs_dir = Path(runs_dir).expanduser().resolve() if runs_dir else None
         self._upload_dir: tempfile.TemporaryDirectory[str] | None = None  # made at the first upload
-        self.uploads: OrderedDict[str, Path] = OrderedDict()
+        self.uploads: dict[str, OrderedDict[str, Path]] = {}  # tenant -> name -> path, oldest first
 
-    def resolve(self, name: str) -> Path:
+    def resolve(self, name: str, tenant: str) -> Path:
         """The path of ``name``, refused (FileError) when it is outside the runs directory."""
         if name.startswith(UPLOAD_PREFIX):
-            path = self.uploads.get(name)
+            path = self.uploads.get(tenant, {}).get(name)
             if path is None:
                 raise FileError(f"no upload named {name!r} (uploads are kept while the server runs)", 404)
             return path
@@ -64,8 +68,8 @@ class Files:
             raise FileError(f"no file {name!r} in the runs directory", 404)
         return path
 
-    def listing(self, suffix: str) -> list[dict[str, Any]]:
-        """Files ending in ``suffix`` under the runs directory (newest first), then the uploads."""
+    def listing(self, suffix: str, tenant: str) -> list[dict[str, Any]]:
+        """Files ending in ``suffix`` under the runs directory (newest first), then the tenant's uploads."""
         found: list[tuple[float, str, int]] = []
         if self.runs_dir is not None and self.runs_dir.is_dir():
             for root, dirs, names in os.walk(self.runs_dir):
@@ -79,21 +83,22 @@ class Files:
                     break
         found.sort(reverse=True)
         files = [{"name": name, "bytes": size, "mtime": mtime} for mtime, name, size in found]
-        for name, path in reversed(self.uploads.items()):
+        for name, path in reversed(self.uploads.get(tenant, {}).items()):
             files.append({"name": name, "bytes": path.stat().st_size, "mtime": path.stat().st_mtime})
         return files
 
-    def add_upload(self, filename: str, body: bytes) -> str:
-        """Keep an uploaded file; its name for later requests."""
+    def add_upload(self, filename: str, body: bytes, tenant: str) -> str:
+        """Keep an uploaded file for ``tenant``; its name for later requests."""
         base = Path(filename).name or "upload.jsonl"
         name = f"{UPLOAD_PREFIX}{uuid.uuid4().hex[:8]}/{base}"
         if self._upload_dir is None:
             self._upload_dir = tempfile.TemporaryDirectory(prefix="toolfactory-ui-")
         path = Path(self._upload_dir.name) / name.removeprefix(UPLOAD_PREFIX).replace("/", "-")
         path.write_bytes(body)
-        self.uploads[name] = path
-        while len(self.uploads) > MAX_UPLOADS:
-            _, old = self.uploads.popitem(last=False)
+        mine = self.uploads.setdefault(tenant, OrderedDict())
+        mine[name] = path
+        while len(mine) > MAX_UPLOADS:
+            _, old = mine.popitem(last=False)
             old.unlink(missing_ok=True)
         return name
 

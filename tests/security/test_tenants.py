@@ -265,3 +265,24 @@ def test_server_wide_figures_need_a_token_for_every_tool(tmp_path):
         assert 'server="internal"' in httpx.get(srv.url + "/metrics").text
         assert httpx.get(srv.url + "/ui/api/live", headers=auth(TOKEN_B)).status_code == 403
         assert "checks" not in httpx.get(srv.url + "/readyz").json()
+
+
+def test_an_upload_to_the_workbench_is_its_tenants_alone(tenants):
+    """Two tokens for every tool, two tenants: a trajectories file one uploads is not the other's."""
+    line = b'{"id": "private-trajectory", "response_mask": [1], "reward": 1.0}\n'
+    answer = httpx.post(
+        tenants.url + "/ui/api/upload", params={"name": "mine.jsonl"}, content=line, headers=auth(TOKEN_A)
+    )
+    assert answer.status_code == 201, answer.text
+    name = answer.json()["file"]
+    page = {"file": name}
+    mine = httpx.get(tenants.url + "/ui/api/trajectories", params=page, headers=auth(TOKEN_A))
+    assert mine.status_code == 200 and mine.json()["rows"][0]["id"] == "private-trajectory"
+    listed = httpx.get(tenants.url + "/ui/api/files", headers=auth(TOKEN_C)).json()["files"]
+    assert name not in [f["name"] for f in listed]
+    assert name in [
+        f["name"] for f in httpx.get(tenants.url + "/ui/api/files", headers=auth(TOKEN_A)).json()["files"]
+    ]
+    for path in ("/ui/api/trajectories", "/ui/api/trajectory"):
+        theirs = httpx.get(tenants.url + path, params={**page, "line": 0}, headers=auth(TOKEN_C))
+        assert theirs.status_code == 404 and "private-trajectory" not in theirs.text, (path, theirs.text)
