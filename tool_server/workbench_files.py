@@ -125,6 +125,7 @@ ROW_FIELDS = (
     "error",
 )
 _AT = {name: n for n, name in enumerate(ROW_FIELDS)}
+TAIL_BYTES = 256  # compared on every request: a file rewritten in place (a rerun) is indexed anew
 MAX_CACHED_FILTERS = 8  # per file: a page turn under the same filters does not filter again
 
 
@@ -172,6 +173,8 @@ def _bad_line(number: int, exc: Exception) -> dict[str, Any]:
 class _Index:
     size: int = 0  # bytes indexed so far (whole lines only)
     mtime_ns: int = 0
+    inode: int = 0
+    tail: bytes = b""  # the last bytes indexed: still there if the file only grew
     offsets: list[int] = field(default_factory=list)
     rows: list[tuple[Any, ...]] = field(default_factory=list)  # ROW_FIELDS of each line
     # kept up to date as lines are indexed, so that no request walks every row for them
@@ -207,6 +210,18 @@ class _Index:
         return lines
 
 
+def _only_grew(path: Path, stat: os.stat_result, index: _Index) -> bool:
+    """Whether the file is the one indexed, with at most lines appended: same inode, not shorter,
+    and the bytes indexed last are unchanged (a rerun that rewrote it longer fails this)."""
+    if stat.st_ino != index.inode or stat.st_size < index.size:
+        return False
+    if stat.st_size == index.size and stat.st_mtime_ns == index.mtime_ns:
+        return True  # untouched: no read
+    with open(path, "rb") as handle:
+        handle.seek(index.size - len(index.tail))
+        return handle.read(len(index.tail)) == index.tail
+
+
 class TrajectoryIndex:
     """Per-file line offsets and summaries, built once and extended when the file grows.
 
@@ -221,8 +236,8 @@ class TrajectoryIndex:
         with self._lock:
             stat = path.stat()
             index = self._indexes.get(path)
-            if index is None or stat.st_size < index.size:  # new, or rewritten shorter
-                index = _Index()
+            if index is None or not _only_grew(path, stat, index):  # new, or replaced, or rewritten
+                index = _Index(inode=stat.st_ino)
             if stat.st_size != index.size or stat.st_mtime_ns != index.mtime_ns:
                 self._extend(path, index)
                 index.mtime_ns = stat.st_mtime_ns
@@ -253,6 +268,8 @@ class TrajectoryIndex:
                     index.add(offset, summary)
                 offset += len(line)
             index.size = offset
+            handle.seek(max(0, offset - TAIL_BYTES))
+            index.tail = handle.read(offset - max(0, offset - TAIL_BYTES))
 
     def page(self, path: Path, filters: dict[str, str], offset: int, limit: int) -> dict[str, Any]:
         """``limit`` rows from ``offset`` among those matching ``filters``, and the facets of the file."""

@@ -232,6 +232,25 @@ def test_the_index_follows_a_growing_file(server, runs_dir) -> None:
     assert one["siblings"] == same_prompt
 
 
+def test_a_file_rewritten_in_place_is_indexed_anew(server, runs_dir) -> None:
+    """A rerun writing the same path again, longer: the old lines' summaries must not survive."""
+    path = runs_dir / "rerun.jsonl"
+    written = records(runs_dir / "scripted.jsonl")
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in written[:3]))
+    url = server.url + "/ui/api/trajectories"
+    assert [r["id"] for r in httpx.get(url, params={"file": "rerun.jsonl"}).json()["rows"]] == [
+        r["id"] for r in written[:3]
+    ]
+    rerun = [{**r, "id": f"rerun-{n}", "data_source": "rerun"} for n, r in enumerate(written)]
+    with open(path, "r+b") as handle:  # in place: the same inode, now longer
+        handle.write(b"".join(orjson.dumps(r) + b"\n" for r in rerun))
+    page = httpx.get(url, params={"file": "rerun.jsonl"}).json()
+    assert [r["id"] for r in page["rows"]] == [r["id"] for r in rerun]
+    assert page["facets"]["data_source"] == {"rerun": len(rerun)}
+    one = httpx.get(server.url + "/ui/api/trajectory", params={"file": "rerun.jsonl", "line": 4}).json()
+    assert one["record"]["id"] == "rerun-4"
+
+
 def test_paths_outside_the_runs_directory_are_refused(server, runs_dir) -> None:
     url = server.url + "/ui/api/trajectories"
     (runs_dir.parent / "secret.jsonl").write_text('{"id": "x"}\n')
