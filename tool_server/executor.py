@@ -14,7 +14,7 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;
 * per-call timeouts that cancel the coroutine (sync tools run in worker threads
   and are abandoned on timeout: put hard-to-stop work in a subprocess);
-* cacheable tools are answered from an LRU keyed by tool, version and arguments.
+* cacheable tools are answered from an LRU keyed by tenant, tool, version and arguments.
 """
 
 from __future__ import annotations
@@ -303,7 +303,8 @@ class Executor:
             )
         cache_key = None
         if self._cache is not None and entry.meta.cacheable:
-            cache_key = (entry.name, entry.meta.version, canonical)
+            # per tenant: a hit would tell one tenant what another asked (and when)
+            cache_key = (caller.tenant, entry.name, entry.meta.version, canonical)
             hit = self._cache.get(cache_key)
             if hit is not None:
                 self.metrics.cache_hits.inc()

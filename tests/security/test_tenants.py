@@ -286,3 +286,20 @@ def test_an_upload_to_the_workbench_is_its_tenants_alone(tenants):
     for path in ("/ui/api/trajectories", "/ui/api/trajectory"):
         theirs = httpx.get(tenants.url + path, params={**page, "line": 0}, headers=auth(TOKEN_C))
         assert theirs.status_code == 404 and "private-trajectory" not in theirs.text, (path, theirs.text)
+
+
+def test_a_cached_result_is_its_tenants_alone(tenants):
+    """A cache shared across tenants told one tenant what another had asked: a hit (cached,
+    0 ms) on arguments nobody else could know. Each tenant has its own entries."""
+    expression = f"{uuid.uuid4().int % 10**9} + 1"  # nobody asked this before
+
+    def ask(token: str) -> Result:
+        call = {"call_id": uuid.uuid4().hex, "name": "calculator", "arguments": {"expression": expression}}
+        (result,) = post_calls(tenants, token, call)
+        assert not result.is_error, result
+        return result
+
+    assert not ask(TOKEN_A).cached
+    assert ask(TOKEN_A).cached  # the cache is on: A's second ask is a hit
+    assert not ask(TOKEN_C).cached  # another tenant with the same rights: no hit from A's entry
+    assert not ask(TOKEN_B).cached
