@@ -6,8 +6,8 @@ Pure functions over measured per-replica figures (``bench/capacity.py`` measures
 
 * **cpu**: calls/s x server CPU per call must stay under ``cores x utilisation``. A call
   costs its kind's CPU, plus its share of the requests that carry it: the batch POST
-  (``post_cpu_us / calls_per_post``), the split POSTs the client adds when a batch is slow
-  (``split_share``), and the session release at the trajectory's end, plus the session's
+  (``post_cpu_us / calls_per_post``), the split POSTs the client adds when one slow call
+  holds a batch back (``split_share``), and the session release at the trajectory's end, plus the session's
   start spread over the trajectory's calls;
 * **memory**: the replica's own footprint plus every live session's memory under
   ``ram_mb x utilisation``;
@@ -90,8 +90,10 @@ class Workload:
             ``calls_per_post()`` estimates it from the rate).
         split_share: extra single-call POSTs per call: the client re-sends each call of a
             small batch still unanswered after ``split_after_ms`` (50 ms) on its own POST
-            (the server joins the running call). 0 while batches come back fast; near 1 on
-            an overloaded replica, where it doubles the requests.
+            (the server joins the running call), only where one slow call holds a batch back
+            (``trainer_client.client_splits``). 0 while batches come back fast and on a
+            replica slow as a whole (overloaded, or every call slow); about the share of
+            calls that share a batch with a slow one otherwise.
     """
 
     trajectories: int
