@@ -27,6 +27,9 @@ class ConfigError(ValueError):
 class LimitsConfig:
     max_concurrency: int = 512  # tool calls running at once, all tools together
     max_queue: int = 16384  # calls admitted but waiting for a slot; beyond it: overloaded / 429
+    # admitted calls one token (tenant) may hold; over it only its batches get a 429. None: 3/4 of
+    # max_concurrency + max_queue (the whole of it for a server without tokens: one tenant)
+    max_admitted_per_tenant: int | None = None
     max_calls_per_batch: int = 4096  # calls in one /v1/calls POST
     max_request_bytes: int = 16 * 1024 * 1024  # body size limit for every endpoint
     max_output_chars: int = 32768  # text returned per call; longer output is truncated with a marker
