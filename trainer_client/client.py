@@ -91,6 +91,7 @@ log = logging.getLogger(__name__)
 
 TOKEN_ENV = "TOOLFACTORY_TOKEN"  # read when no token is passed explicitly
 KEEPALIVE_CONNECTIONS = 32  # idle connections kept open for reuse (all replicas together)
+KEEPALIVE_S = 1.0  # how long an idle one is kept (httpx's default: 5 s)
 _REQUEST_RETRIES = 6  # plain requests (tool lists, sessions) when max_retries is None
 
 
@@ -164,10 +165,13 @@ class ToolClient:
         self._owns_http = http is None  # an injected client belongs to the caller, who closes it
         # httpcore re-checks every pooled connection (a poll each, and a scan of the pool per idle
         # one) whenever a request starts or ends: idle connections kept from a burst cost CPU on
-        # every later POST, so only a few are kept (bench/README.md, "ToolClient CPU").
+        # every later POST, so few are kept, and not for long (bench/README.md, "ToolClient CPU
+        # under a slow replica").
         keep = min(max_connections, KEEPALIVE_CONNECTIONS)
         self._http = http or httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=keep),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=keep, keepalive_expiry=KEEPALIVE_S
+            ),
             timeout=httpx.Timeout(self.retry.timeout_s, pool=None),
         )
         self._batchers: dict[tuple[int, str], Batcher] = {}
