@@ -136,7 +136,7 @@ async def test_a_bug_while_settling_a_batch_fails_its_calls_instead_of_leaving_t
             async def broken_settle(*args: object) -> None:
                 raise Boom("injected fault while settling")
 
-            monkeypatch.setattr(client, "_settle", broken_settle)
+            monkeypatch.setattr(client._dispatch, "_settle", broken_settle)
             results = await asyncio.wait_for(
                 client.call_tools(calls("echo", {}, 3), timeout_s=60), timeout=10
             )
