@@ -34,9 +34,9 @@ if TYPE_CHECKING:
         parser_names,
         register_parser,
     )
-    from trainer_client.rollout import (
+    from trainer_client.rollout import RolloutCore
+    from trainer_client.rollout_types import (
         RolloutConfig,
-        RolloutCore,
         StopReason,
         Task,
         ToolInvoker,
@@ -87,9 +87,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "trainer_client.client_policies": ("BatchPolicy", "HealthPolicy", "RetryPolicy"),
     "trainer_client.sync": ("SyncToolClient",),
     "trainer_client.mcp_client": ("McpToolClient",),
-    "trainer_client.rollout": (
+    "trainer_client.rollout": ("RolloutCore",),
+    "trainer_client.rollout_types": (
         "RolloutConfig",
-        "RolloutCore",
         "StopReason",
         "Task",
         "ToolInvoker",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainer_client.shared import plain
 
 if TYPE_CHECKING:
-    from trainer_client.rollout import Task
+    from trainer_client.rollout_types import Task
 
 
 class DatasetError(ValueError):
@@ -56,7 +56,7 @@ class TaskRow:
         ``turns`` of a multi-turn conversation with the ``new_tools`` each of them makes
         available (MCP descriptors, one list per turn), and ``user_sim.scenario``, the
         scenario of a simulated user; all of it lands in ``metadata``."""
-        from trainer_client.rollout import Task  # lazily: the CLI starts without the rollout core
+        from trainer_client.rollout_types import Task  # lazily: the CLI starts without the rollout core
         from trainer_client.templates import openai_tool_schemas
         from trainer_client.user_sim import scenario_of
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from trainer_client.rollout import RolloutConfig
+from trainer_client.rollout_types import RolloutConfig
 from trainer_client.templates import TOOL_SCHEMA_MODES
 
 __all__ = ["GRPOConfig"]
