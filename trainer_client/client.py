@@ -71,7 +71,6 @@ from trainer_client.client_policies import BatchPolicy, HealthPolicy, RetryPolic
 from trainer_client.client_records import (
     CALLS,
     VERIFY,
-    Endpoint,
     Metrics,
     Replica,
     error_message,
@@ -219,7 +218,9 @@ class ToolClient:
             if not isinstance(call, Call):
                 raise TypeError(f"call_tools takes protocol.Call records, got {type(call).__name__}")
         self._metrics.calls += len(calls)
-        return await self._run(CALLS, calls, [c.session for c in calls], timeout_s)
+        if calls:
+            self._start()
+        return await self._dispatch.run(CALLS, calls, [c.session for c in calls], timeout_s)
 
     async def call(
         self,
@@ -240,7 +241,9 @@ class ToolClient:
     ) -> list[VerifyResult]:
         """Score trajectories with the server's verifiers, batched like calls."""
         self._metrics.verify_requests += len(requests)
-        return await self._run(VERIFY, requests, [r.session for r in requests], timeout_s)
+        if requests:
+            self._start()
+        return await self._dispatch.run(VERIFY, requests, [r.session for r in requests], timeout_s)
 
     async def list_tools(self, toolset: str | None = None) -> list[dict[str, Any]]:
         """MCP tool descriptors the server offers (optionally one toolset)."""
@@ -311,18 +314,6 @@ class ToolClient:
         await self._dispatch.aclose()
         if self._owns_http:
             await self._http.aclose()
-
-    async def _run(
-        self,
-        endpoint: Endpoint,
-        payloads: Sequence[Any],
-        sessions: Sequence[str | None],
-        timeout_s: float | None,
-    ) -> list[Any]:
-        if not payloads:
-            return []
-        self._start()
-        return await self._dispatch.run(endpoint, payloads, sessions, timeout_s)
 
     def _wake(self) -> None:
         """A replica came back: calls waiting out a connection failure go now."""

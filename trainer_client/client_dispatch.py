@@ -98,6 +98,8 @@ class Dispatcher:
         timeout_s: float | None,
     ) -> list[Any]:
         """Submit the payloads and wait for every result (in order); never raises for a failed one."""
+        if not payloads:
+            return []
         loop = asyncio.get_running_loop()
         timeout = timeout_s if timeout_s is not None else self.retry.timeout_s
         now = time.monotonic()
