@@ -36,7 +36,9 @@ from typing import Any, TextIO
 
 import httpx
 
-from trainer_client.cli import CliError, load_tasks, run_and_write, tool_chooser
+from trainer_client.cli import CliError
+from trainer_client.dataset import load_tasks
+from trainer_client.rollout_runner import run_and_write, tool_chooser
 from trainer_client.summary import format_summary, summarize
 from trainer_client.templates import TOOL_SCHEMA_MODES
 

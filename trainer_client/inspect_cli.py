@@ -15,8 +15,9 @@ from typing import Any, TextIO
 import orjson
 
 from protocol.images import image_info
-from trainer_client.cli import CliError, Subcommand, read_records, register_subcommand
+from trainer_client.cli import CliError, Subcommand, register_subcommand
 from trainer_client.summary import format_summary, summarize
+from trainer_client.trajectory_records import read_records
 
 __all__ = ["describe_content", "render_record"]
 

@@ -12,8 +12,10 @@ import orjson
 import pytest
 
 from tests.support.server import running_server, server_config
-from trainer_client.cli import SUBCOMMANDS, build_parser, load_tasks, main, segments
+from trainer_client.cli import SUBCOMMANDS, build_parser, main
+from trainer_client.dataset import load_tasks
 from trainer_client.summary import format_summary, summarize
+from trainer_client.trajectory_records import segments
 
 RECORD = {
     "id": "s-abc",
@@ -133,6 +135,17 @@ def test_console_script_help() -> None:
     )
     assert done.returncode == 0
     assert "--verifier-args" in done.stdout and "--n N" in done.stdout
+
+
+def test_module_run_lists_every_subcommand() -> None:
+    # python -m runs cli.py as __main__: the plug-in subcommands used to register on the
+    # other copy of the module (trainer_client.cli), and only ``rollout`` was listed.
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_client.cli", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0
+    listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("    ")}
+    assert {"rollout", "show", "summary", "train", "verl-config"} <= listed, done.stdout
 
 
 def test_bad_arguments_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
