@@ -12,6 +12,9 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
 * calls of stateful tools within one session run one at a time, in the order they
   arrive (batch order, then arrival order); different sessions run concurrently;
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;
+  waiting calls get free slots round-robin across tenants, and one tenant may hold at
+  most ``limits.max_admitted_per_tenant`` admitted calls, so no tenant's backlog
+  delays or locks out another's calls;
 * per-call timeouts that cancel the coroutine (sync tools run in worker threads
   and are abandoned on timeout: put hard-to-stop work in a subprocess);
 * cacheable tools are answered from an LRU keyed by tenant, tool, version and arguments.
@@ -46,7 +49,8 @@ from protocol import (
 from protocol.images import image_info
 from protocol.messages import ErrorInfo
 from tool_server.auth import ANONYMOUS_TENANT
-from tool_server.config import Config
+from tool_server.config import Config, ConfigError
+from tool_server.fair_slots import FairSlots
 from tool_server.metrics import Metrics
 from tool_server.registry import VERIFIER_PREFIX, Registry, ToolEntry
 from tool_server.schema import format_validation_error
@@ -103,7 +107,9 @@ class Executor:
         self.capacity = limits.max_concurrency + limits.max_queue
         self.admitted = 0  # admitted calls not yet finished (running + waiting)
         self.running = 0
-        self._slots = asyncio.Semaphore(limits.max_concurrency)
+        self.tenant_share = tenant_share(limits)
+        self._admitted_by: dict[str, int] = {}  # tenant -> admitted calls not yet finished
+        self._slots = FairSlots(limits.max_concurrency)
         self._tool_slots: dict[str, asyncio.Semaphore] = {}
         self._threads = anyio.CapacityLimiter(limits.thread_pool_size)
         # Keyed by (tenant, call_id): a tenant can only ever meet its own results.
@@ -205,6 +211,13 @@ class Executor:
                 f"server busy: {self.admitted} calls admitted, capacity {self.capacity}; "
                 f"retry this batch of {len(calls)} later with the same call_ids"
             )
+        held = self._admitted_by.get(caller.tenant, 0)
+        if held + len(calls) > self._share(caller.tenant):
+            raise Overloaded(
+                f"your token holds {held} admitted calls; one token may hold "
+                f"{self._share(caller.tenant)} (limits.max_admitted_per_tenant); "
+                f"retry this batch of {len(calls)} later with the same call_ids"
+            )
         results: list[Any] = [None] * len(calls)
         pending: list[int] = []
         for i, call in enumerate(calls):
@@ -219,6 +232,13 @@ class Executor:
     async def run_one(self, call: Call, caller: Caller = ANONYMOUS) -> Result:
         if self.admitted >= self.capacity:
             return Result.failure(call.call_id, ErrorKind.OVERLOADED, "server busy: queue full; retry later")
+        if self._admitted_by.get(caller.tenant, 0) >= self._share(caller.tenant):
+            return Result.failure(
+                call.call_id,
+                ErrorKind.OVERLOADED,
+                "your token holds as many admitted calls as one token may "
+                f"({self._share(caller.tenant)}, limits.max_admitted_per_tenant); retry later",
+            )
         outcome = self._start(call, caller)
         return outcome if isinstance(outcome, Result) else await outcome
 
@@ -318,6 +338,8 @@ class Executor:
             return self._run_inline(ticket, kwargs)
         if not inner:
             self.admitted += 1
+            by = self._admitted_by
+            by[caller.tenant] = by.get(caller.tenant, 0) + 1
         task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs, time.perf_counter()))
         self._inflight[key] = (fingerprint, task)
         return task
@@ -387,12 +409,13 @@ class Executor:
             if ticket.inner:
                 result = await self._limited(ticket, kwargs)
             else:
-                async with self._slots:
-                    self.running += 1
-                    try:
-                        result = await self._limited(ticket, kwargs)
-                    finally:
-                        self.running -= 1
+                await self._slots.acquire(ticket.caller.tenant)
+                self.running += 1
+                try:
+                    result = await self._limited(ticket, kwargs)
+                finally:
+                    self.running -= 1
+                    self._slots.release()
         except asyncio.CancelledError:
             self._finish(ticket, _cancelled(call), start, store=False)
             raise
@@ -402,10 +425,15 @@ class Executor:
         self._finish(ticket, result, start, _storable(result))
         return result
 
+    def _share(self, tenant: str) -> int:
+        # A server without tokens has one tenant: it may fill the whole capacity.
+        return self.capacity if tenant == ANONYMOUS_TENANT else self.tenant_share
+
     def _finish(self, ticket: _Ticket, result: Result, start: float, store: bool) -> None:
         self._inflight.pop(ticket.key, None)
         if not ticket.inner:
             self.admitted -= 1
+            self._admitted_by[ticket.caller.tenant] -= 1
         self._record(ticket, result, time.perf_counter() - start, store)
 
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
@@ -601,6 +629,19 @@ class _Turn:
             _resolve(self.finished)
         else:
             self.previous.add_done_callback(lambda _: _resolve(self.finished))
+
+
+def tenant_share(limits: Any) -> int:
+    """Admitted calls one token may hold: the configured share, or 3/4 of the capacity.
+
+    3/4 by default: a busy tenant still gets most of the queue (batches as large as before
+    fit), while a quarter stays open to the other tenants however much one of them posts.
+    """
+    capacity = limits.max_concurrency + limits.max_queue
+    share = limits.max_admitted_per_tenant
+    if share is not None and share < 1:
+        raise ConfigError(f"limits.max_admitted_per_tenant must be at least 1 (or null), got {share}")
+    return min(capacity, share) if share is not None else max(1, capacity * 3 // 4)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
