@@ -176,7 +176,8 @@ class RolloutCore:
     async def _loop(self, s: TrajectoryState, sampling_params: dict[str, Any]) -> None:
         cfg = self.config
         base_params = dict(sampling_params)
-        stops = list(base_params.get("stop") or ())
+        stop = base_params.get("stop") or ()
+        stops = [stop] if isinstance(stop, str) else list(stop)  # engines take one string or a list
         base_params["stop"] = stops + [x for x in self.parser.stop_strings if x not in stops]
         base_params["logprobs"] = True
         turn_cap = base_params.pop("max_tokens", base_params.pop("max_new_tokens", None))

@@ -103,3 +103,24 @@ def test_trajectory_records_each_call_and_the_verifiers_details(smol_tokenizer: 
     assert ok["elapsed_ms"] > 0 and not ok["cached"]
     assert tr.messages[ok["message"]]["content"] == "42"
     assert tr.reward_details["answer"] == "42"
+
+
+def test_a_stop_string_given_as_one_string_is_one_stop_string(smol_tokenizer: Any, server_url: str) -> None:
+    """``sampling_params["stop"]`` may be a string (vLLM and SGLang take one): it is one stop
+    string, not one per character (which ended the turn at the first "e", "r" or ">")."""
+    text = "We compute 2+3 here. <answer>5</answer> and then ramble on"
+    generator = ScriptedGenerator(
+        [ScriptedTurn(_encode(smol_tokenizer, text) + [EOS])], tokenizer=smol_tokenizer, eos_token_ids=[EOS]
+    )
+
+    async def run() -> Trajectory:
+        async with ToolClient(server_url) as client:
+            config = RolloutConfig(sampling_params={"temperature": 1.0, "stop": "</answer>"})
+            core = RolloutCore(smol_tokenizer, generator, client, config)
+            return await core.run(Task([{"role": "user", "content": "What is 2+3?"}]))
+
+    trajectory = asyncio.run(run())
+    (call,) = generator.calls
+    assert "</answer>" in call.sampling_params["stop"] and "e" not in call.sampling_params["stop"]
+    assert trajectory.stop_reason == StopReason.ANSWER and trajectory.final_answer == "5"
+    assert trajectory.messages[-1]["content"].startswith("We compute 2+3 here.")
