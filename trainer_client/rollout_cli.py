@@ -44,6 +44,19 @@ def _positive(text: str) -> int:
     return value
 
 
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:  # a negative offset would count from the end and repeat rows
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {text}")
+    return value
+
+
+def _tool_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a server tool, got {text!r}")
+    return text
+
+
 def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     from trainer_client.parsers import parser_names
     from trainer_client.templates import TOOL_SCHEMA_MODES
@@ -61,7 +74,9 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", required=True, help="veRL-format parquet with the tasks (python -m tools.data build)"
     )
     io.add_argument("--limit", type=_positive, default=None, metavar="K", help="use the first K prompts only")
-    io.add_argument("--offset", type=int, default=0, help="skip this many prompts first (default 0)")
+    io.add_argument(
+        "--offset", type=_non_negative, default=0, help="skip this many prompts first (default 0)"
+    )
     io.add_argument("--out", default=None, help="trajectories JSONL (default runs/rollout-<time>.jsonl)")
     io.add_argument(
         "--toolset",
@@ -127,6 +142,7 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--seed", type=int, default=0, help="torch seed for sampling (default 0)")
     model.add_argument(
         "--user-tool",
+        type=_tool_name,
         default="llm",
         help="server tool playing the simulated user of rows with a user scenario (extra_info.user_sim; "
         "python -m tools.data build --env-user simulated) (default llm)",
@@ -166,9 +182,10 @@ def default_template(fmt: str, template: str | None) -> str | None:
 
 
 def _server_urls(value: str | None) -> list[str]:
-    if not value:
+    urls = [u.strip() for u in (value or "").split(",") if u.strip()]
+    if not urls:
         raise CliError(f"no tool server given: pass --server URL or set ${URL_ENV}")
-    return [u.strip() for u in value.split(",") if u.strip()]
+    return urls
 
 
 def run_rollout(args: argparse.Namespace) -> int:

@@ -177,6 +177,23 @@ def test_load_tasks_reads_verl_parquet(arithmetic_data: Path) -> None:
     assert isinstance(rows[0].ground_truth, str | int)
 
 
+def test_bad_server_offset_and_user_tool_are_explained(
+    arithmetic_data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = ["rollout", "--data", str(arithmetic_data)]
+    # commas only: no URL at all (ToolClient raised a bare ValueError past main)
+    assert main([*data, "--server", " , "]) == 2
+    assert "no tool server given" in capsys.readouterr().err
+    for flag, value, why in [
+        ("--offset", "-1", "non-negative"),
+        ("--user-tool", "", "must name a server tool"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args([*data, "--server", "http://127.0.0.1:9", flag, value])
+        assert exit_info.value.code == 2
+        assert f"argument {flag}: " in (err := capsys.readouterr().err) and why in err, err
+
+
 def test_rollout_with_smollm2_on_two_tasks(arithmetic_data: Path, tmp_path: Path) -> None:
     config = server_config(verifiers=[{"target": "tools.verifiers.math:math_equal"}])
     out = tmp_path / "runs" / "arith.jsonl"
