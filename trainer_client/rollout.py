@@ -365,13 +365,15 @@ class RolloutCore:
         # prompt must not be scored as its answers or tool calls.
         start = len(s.task.messages)
         last = next((m["content"] for m in reversed(s.messages[start:]) if m.get("role") == "assistant"), "")
+        # A task's own arguments (a dataset row's extra_info) win, as in reward_bridge.
+        arguments = s.task.metadata.get("verifier_arguments") or self.config.verifier_arguments
         request = protocol.VerifyRequest(
             verifier=name,
             ground_truth=s.task.ground_truth,
             response=last,
             messages=for_verifier(s.messages),
             session=s.session_id,
-            arguments=dict(self.config.verifier_arguments),
+            arguments=dict(arguments),
             request_id=s.session_id,
             response_start=start,
         )

@@ -127,7 +127,8 @@ class Task:
     gives the task a simulated user, asked for each later message once the static turns
     are spent, until it sends a stop signal or ``RolloutConfig.max_user_turns`` is reached.
     ``new_tools[i]`` (JSON tool schemas) become available with ``user_turns[i]``: until
-    then a call to one of them is refused as an unknown tool.
+    then a call to one of them is refused as an unknown tool. ``metadata["verifier_arguments"]``
+    (a row's ``extra_info``), when given, replace ``RolloutConfig.verifier_arguments``.
     """
 
     messages: list[dict[str, Any]]

@@ -11,6 +11,7 @@ import pytest
 from tests.support.server import running_server, server_config
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
 from trainer_client.client import ToolClient
+from trainer_client.dataset import TaskRow
 from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
 
 EOS = 2  # <|im_end|> in SmolLM2
@@ -124,3 +125,31 @@ def test_a_stop_string_given_as_one_string_is_one_stop_string(smol_tokenizer: An
     assert "</answer>" in call.sampling_params["stop"] and "e" not in call.sampling_params["stop"]
     assert trajectory.stop_reason == StopReason.ANSWER and trajectory.final_answer == "5"
     assert trajectory.messages[-1]["content"].startswith("We compute 2+3 here.")
+
+
+def test_a_rows_verifier_arguments_reach_the_verifier(smol_tokenizer: Any, server_url: str) -> None:
+    """``extra_info.verifier_arguments`` choose the verifier's options per row (as the veRL
+    reward bridge reads them); the config's apply to rows without their own."""
+
+    def row(extra_info: dict[str, Any]) -> Task:
+        prompt = [{"role": "user", "content": "The capital of France?"}]
+        data = {"prompt": prompt, "reward_model": {"ground_truth": "Paris"}, "extra_info": extra_info}
+        return TaskRow.from_row(data).task()
+
+    strict = row({"verifier": "exact_match", "verifier_arguments": {"require_answer_tag": True}})
+    loose = row({"verifier": "exact_match"})
+    generator = ScriptedGenerator(
+        [ScriptedTurn(_encode(smol_tokenizer, "Paris") + [EOS])],
+        tokenizer=smol_tokenizer,
+        eos_token_ids=[EOS],
+    )
+
+    async def run() -> list[Trajectory]:
+        async with ToolClient(server_url) as client:
+            core = RolloutCore(smol_tokenizer, generator, client, RolloutConfig(), verifier=client)
+            return await core.run_batch([strict, loose])
+
+    untagged_strict, untagged_loose = asyncio.run(run())
+    assert untagged_loose.reward_score == 1.0
+    assert untagged_strict.reward_score == 0.0
+    assert untagged_strict.reward_details["error"] == "no <answer> tag in the response"
