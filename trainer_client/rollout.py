@@ -175,14 +175,9 @@ class RolloutCore:
 
     async def _loop(self, s: TrajectoryState, sampling_params: dict[str, Any]) -> None:
         cfg = self.config
-        base_params = dict(sampling_params)
-        stop = base_params.get("stop") or ()
-        stops = [stop] if isinstance(stop, str) else list(stop)  # engines take one string or a list
-        base_params["stop"] = stops + [x for x in self.parser.stop_strings if x not in stops]
-        base_params["logprobs"] = True
-        turn_cap = base_params.pop("max_tokens", base_params.pop("max_new_tokens", None))
-
+        base_params, turn_cap = self._turn_params(sampling_params)
         for turn in range(cfg.max_turns):
+            # 1. Generate, within what is left of the response budget.
             remaining = cfg.response_length - len(s.response_ids)
             if remaining <= 0:
                 s.stop_reason = StopReason.LENGTH
@@ -201,6 +196,7 @@ class RolloutCore:
             if output.stop_reason == STOP_ABORTED:
                 raise RuntimeError("the generation engine aborted the request")
 
+            # 2. Parse the turn (appended as generated: mask 1, its log-probs).
             cpu_start = time.perf_counter()
             turn_ids = list(output.token_ids)[:remaining]
             log_probs = list(output.log_probs)[: len(turn_ids)] if output.log_probs is not None else []
@@ -217,6 +213,7 @@ class RolloutCore:
             s.metrics["parse_errors"] += len(outcome.errors)
             s.metrics["client_s"] += time.perf_counter() - cpu_start
 
+            # The trajectory ends here unless a call was made or the user speaks next.
             user_turn_next = self._users.may_speak(s)
             if outcome.final_answer is not None:
                 s.final_answer = outcome.final_answer
@@ -239,6 +236,7 @@ class RolloutCore:
                 s.stop_reason = StopReason.MAX_TURNS
                 return
 
+            # 3. Invoke the calls, or ask the user for the next turn.
             if ends_turn:  # the model answered the user, who goes on with the next request
                 user_turn = await self._users.next(s)
                 if user_turn is None:  # the user ended the conversation (stop_reason says how)
@@ -249,6 +247,7 @@ class RolloutCore:
                 if s.stop_reason == StopReason.SESSION_LOST:
                     return
 
+            # 4. Update: splice the observations in (mask 0), within the budgets.
             cpu_start = time.perf_counter()
             splice = self._budget.splice(observations, turn_ids, s.task.tools, s.metrics)
             s.metrics["client_s"] += time.perf_counter() - cpu_start
@@ -263,6 +262,17 @@ class RolloutCore:
             s.messages.extend(observations)
             s.observation_turns += 1
         s.stop_reason = StopReason.MAX_TURNS  # unreachable: the last turn returns above
+
+    def _turn_params(self, sampling_params: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """The sampling params of every turn (the parser's stop strings added, log-probs on)
+        and the per-turn token cap (``max_tokens`` or ``max_new_tokens``), taken out of them."""
+        base_params = dict(sampling_params)
+        stop = base_params.get("stop") or ()
+        stops = [stop] if isinstance(stop, str) else list(stop)  # engines take one string or a list
+        base_params["stop"] = stops + [x for x in self.parser.stop_strings if x not in stops]
+        base_params["logprobs"] = True
+        turn_cap = base_params.pop("max_tokens", base_params.pop("max_new_tokens", None))
+        return base_params, turn_cap
 
     def _media(self, s: TrajectoryState) -> dict[str, Any]:
         """The keyword arguments that give the engine the trajectory's images (veRL's
