@@ -211,7 +211,7 @@ async def wait_for_queue(srv: ServerProcess, depth: int) -> None:
 
 
 def test_one_tenants_backlog_does_not_delay_another_tenants_call() -> None:
-    flood = 10
+    flood = 12
     config = server_config(limits={"max_concurrency": 1, "max_queue": 64})
     with running_server(config, env=TOKENS) as srv:
 
