@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import threading
 import time
@@ -19,12 +20,17 @@ from tools.sandbox_types import SandboxError, SandboxLimits, SandboxOverloaded
 
 __all__ = ["SandboxPool"]
 
+log = logging.getLogger(__name__)
+
 # A worker's memory is re-measured after each of its calls, every second while a call runs,
 # and every 10 s otherwise (a stopped worker's PSS moves only as page sharing changes).
 _MEMORY_BUSY_AGE_S = 1.0
 _MEMORY_IDLE_AGE_S = 10.0
 _MAINTAIN_EVERY_S = 2.0  # the background thread re-measures memory this often
 _SPAWN_RETRY_S = 5.0  # after a failed spawn, the background thread waits this long
+# After an unexpected error the background thread waits, doubling up to the cap while it recurs.
+_ERROR_BACKOFF_S = 0.5
+_ERROR_BACKOFF_MAX_S = 30.0
 
 
 @dataclass
@@ -39,6 +45,8 @@ class _PoolState:
     memory: dict[SandboxWorker, tuple[int, float]] = field(default_factory=dict)  # (bytes, measured at)
     evictions: int = 0
     refused: int = 0
+    maintenance_errors: int = 0  # unexpected errors the background thread survived
+    measure_wanted: bool = False  # a scrape found stale figures: the background thread re-measures
 
 
 class SandboxPool:
@@ -195,11 +203,14 @@ class SandboxPool:
         return len(self._state.idle)
 
     def gauges(self) -> dict[str, float]:
-        """Fleet figures for /metrics (re-measures only workers whose figure is stale)."""
-        if self._memory_stale():
-            self._measure_memory()
+        """Fleet figures for /metrics. Memory is the background thread's last measurement (at
+        most ``_MAINTAIN_EVERY_S`` old plus a worker's staleness age): a scrape reads no /proc,
+        it only asks that thread to re-measure stale figures now, for the next scrape."""
         with self._cond:
             state = self._state
+            if not state.measure_wanted and any(self._stale(w) for w in (*state.idle, *state.leased)):
+                state.measure_wanted = True
+                self._cond.notify_all()
             return {
                 "sandbox_workers_live": float(len(state.idle) + len(state.leased) + state.spawning),
                 "sandbox_workers_idle_pool": float(len(state.idle)),
@@ -209,6 +220,7 @@ class SandboxPool:
                 "sandbox_memory_budget_bytes": float(self.max_memory_bytes),
                 "sandbox_evictions_total": float(state.evictions),
                 "sandbox_admissions_refused_total": float(state.refused),
+                "sandbox_maintenance_errors_total": float(state.maintenance_errors),
             }
 
     def _memory_stale(self) -> bool:
@@ -312,30 +324,69 @@ class SandboxPool:
                     break
 
     def _maintain(self) -> None:
-        """Background thread: reap retired workers, keep ``size`` idle ones warm, hold the budget."""
+        """Background thread: reap retired workers, keep ``size`` idle ones warm, hold the budget.
+
+        An unexpected error is logged (once per distinct message), counted in the gauges and
+        waited out with a growing back-off; the thread keeps running, or refills and memory
+        figures would stop for the rest of the process.
+        """
         check_at = time.monotonic() + _MAINTAIN_EVERY_S
+        backoff = _ERROR_BACKOFF_S
+        logged: set[str] = set()
         while True:
-            with self._cond:
-                while not (self._state.closing or self._state.retired or self._wants_spare()):
-                    wait = check_at - time.monotonic()
-                    if wait <= 0:
-                        break
-                    self._cond.wait(timeout=min(wait, _SPAWN_RETRY_S))
-                if self._state.closing:
-                    return
-                retired = list(self._state.retired)
-                self._state.retired.clear()
-                spare = self._wants_spare()
-                if spare:
-                    self._state.spawning += 1
-            for worker in retired:
-                worker.close_sync()
-            if time.monotonic() >= check_at:
-                check_at = time.monotonic() + _MAINTAIN_EVERY_S
-                if self._state.leased:
-                    self._hold_memory_budget()
+            try:
+                check_at = self._maintain_once(check_at)
+            except Exception as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                if message not in logged and len(logged) < 100:  # bounded: a new text per pid must not flood
+                    logged.add(message)
+                    log.exception("sandbox pool background thread failed; retrying in %.1f s", backoff)
+                with self._cond:
+                    self._state.maintenance_errors += 1
+                    if not self._state.closing:
+                        self._cond.wait(timeout=backoff)
+                backoff = min(backoff * 2, _ERROR_BACKOFF_MAX_S)
+                continue
+            if check_at is None:
+                return
+            backoff = _ERROR_BACKOFF_S
+
+    def _maintain_once(self, check_at: float) -> float | None:
+        """One round of :meth:`_maintain`: the next check time, None once the pool is closing."""
+        with self._cond:
+            while not (
+                self._state.closing
+                or self._state.retired
+                or self._state.measure_wanted
+                or self._wants_spare()
+            ):
+                wait = check_at - time.monotonic()
+                if wait <= 0:
+                    break
+                self._cond.wait(timeout=min(wait, _SPAWN_RETRY_S))
+            if self._state.closing:
+                return None
+            retired = list(self._state.retired)
+            self._state.retired.clear()
+            spare = self._wants_spare()
             if spare:
-                self._add_spare()
+                self._state.spawning += 1
+            measure, self._state.measure_wanted = self._state.measure_wanted, False
+        try:
+            while retired:
+                retired[0].close_sync()  # marks itself closed first: a failed one is not retried
+                retired.pop(0)
+            if measure or time.monotonic() >= check_at:
+                check_at = time.monotonic() + _MAINTAIN_EVERY_S
+                self._hold_memory_budget()  # also the figures that gauges() serves
+        except BaseException:
+            with self._cond:
+                self._state.retired.extend(retired[1:])  # the next round closes the rest
+                self._state.spawning -= spare
+            raise
+        if spare:
+            self._add_spare()
+        return check_at
 
     def _add_spare(self) -> None:
         try:
