@@ -45,6 +45,10 @@ class _WorkerGone(Exception):
     pass
 
 
+class _StartLost(SandboxError):
+    """The forked worker died before it reported ready: no session code had run in it."""
+
+
 def _describe_exit(returncode: int, cpu_s: int, *, lost: bool = False) -> str:
     if lost:
         return "the interpreter stopped (its exit status was lost with the template process that forked it)"
@@ -125,6 +129,11 @@ class SandboxWorker:
             except TemplateLost as exc:  # the next fork starts a new template; fresh fds and uid
                 if attempt:
                     raise SandboxError(f"the sandbox worker failed to start: {exc}") from None
+            except _StartLost as exc:  # e.g. a spare killed as it was handed out: fork afresh
+                if attempt:
+                    raise SandboxError(
+                        f"{exc}; tried twice, and no session code had run in either interpreter"
+                    ) from None
         raise AssertionError("unreachable")
 
     @classmethod
@@ -178,10 +187,11 @@ class SandboxWorker:
             ready = read_frame(from_worker, startup_timeout_s)
             if not ready or not ready.get("ready"):
                 reason = ready.get("error") if ready else None
-                if reason is None:
+                if reason is None:  # it died (or hung) before its first line of confinement reported
                     proc.kill()
                     code = proc.wait(5)
                     reason = "no reply" + ("" if code is None else f" (exit status {code})")
+                    raise _StartLost(f"the sandbox worker failed to start: {reason}")
                 raise SandboxError(f"the sandbox worker failed to start: {reason}")
             isolation = {"start": "forked from the pre-warmed template process", **ready["isolation"]}
             return cls(proc, limits, uid, hostdir, (to_worker, from_worker, out_fd, err_fd), isolation)
