@@ -1,7 +1,7 @@
 """Summaries of rollout and training runs: the numbers one looks at first.
 
 Rollout runs: ``summarize`` works on trajectory *records* (the dicts the CLI writes as
-JSONL, see ``trainer_client.cli.trajectory_record``), so a summary can be recomputed
+JSONL, see ``trainer_client.trajectory_records.trajectory_record``), so a summary can be recomputed
 later from the file alone; ``format_summary`` prints it as a table.
 
 Training runs: ``RunLog`` writes a run's ``metrics.jsonl`` (and TensorBoard events) and a

@@ -65,7 +65,7 @@ def not_shown(block: dict[str, Any], why: str) -> str:
 
 def observation_content(result: protocol.Result, text: str, *, vision: bool) -> str | list[dict[str, Any]]:
     """A result as a tool message's content. ``text`` is what a text-only observation shows
-    (``rollout.result_text``): returned as it is when the result holds no image.
+    (``observations.result_text``): returned as it is when the result holds no image.
 
     With ``vision``: the result's text and image blocks, in order (a result whose only text is
     structured output gets it as a first text block). Without: ``text`` and one line per image

@@ -84,7 +84,7 @@ async def test_a_scrape_reads_no_proc_on_the_event_loop(monkeypatch: pytest.Monk
             for lease in leases:
                 assert (await lease.run("x = 1")).exit_code == 0  # its figure is stale now
             walks.clear()
-            first = pool.gauges()
+            pool.gauges()
             assert loop_thread not in walks
             # The scrape asked the background thread to measure: the next one sees the figures.
             await _until(lambda: not pool._memory_stale(), "the background thread re-measured")

@@ -199,8 +199,11 @@ def test_grpo_advantage_and_loss_ignore_observation_tokens() -> None:
 
     config = GRPOConfig(train_data="x", kl_coef=0.1)
     actor = actor_loss_config(config, batch_num_tokens=int(batch.response_mask.sum()), global_batch_size=4)
-    log_prob = torch.randn(batch.response_mask.shape).requires_grad_(True)
-    ref = torch.randn(batch.response_mask.shape)
+    # Small, seeded log-ratios: low_var_kl clamps its value at 10, and a clamped token has
+    # no gradient (veRL's behaviour, not a masking fault).
+    generator = torch.Generator().manual_seed(0)
+    log_prob = (0.1 * torch.randn(batch.response_mask.shape, generator=generator)).requires_grad_(True)
+    ref = 0.1 * torch.randn(batch.response_mask.shape, generator=generator)
     loss, metrics = policy_loss_terms(
         log_prob=log_prob,
         old_log_prob=log_prob.detach(),
@@ -280,9 +283,7 @@ def test_task_from_a_builder_row() -> None:
 def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedProcess[str]:
     """The same command as the learning run (examples/learn_arithmetic.py), tiny."""
     command = [
-        # what the `trainer-client` console script runs (python -m trainer_client.cli would
-        # register the plug-in subcommands on a second copy of the module)
-        sys.executable, "-c", "from trainer_client.cli import main; raise SystemExit(main())", "train",
+        sys.executable, "-m", "trainer_client.cli", "train",
         "--server", url,
         "--train-data", str(data / "train.parquet"),
         "--eval-data", str(data / "test.parquet"),
