@@ -488,12 +488,13 @@ def test_registry_follows_the_upstream_tool_lists() -> None:
     # keeps its name; between upstreams the one listed first wins, whatever order they come in.
     from tool_server.registry import Registry, ToolEntry
     from tool_server.upstream import Upstreams
+    from tool_server.upstream_tools import build_catalog
 
     files, other = (UpstreamServer(n, {"command": "x"}, namespace="files") for n in ("files", "other"))
 
     def offer(server: UpstreamServer, *names: str) -> None:
-        server._catalog = server._build_catalog(
-            [{"name": n, "inputSchema": {"type": "object"}} for n in names]
+        server._catalog = build_catalog(
+            server, [{"name": n, "inputSchema": {"type": "object"}} for n in names]
         )
         server._tools_changed()
 

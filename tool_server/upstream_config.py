@@ -1,0 +1,197 @@
+"""One ``mcpServers`` entry, checked: its transport (``StdioSpec``/``HttpSpec``) and our options.
+
+Entries come in the JSON shapes the MCP clients use (Claude Desktop, Cursor, Cline/Roo,
+VS Code's ``servers`` with ``type``); ``${NAME}`` and ``${env:NAME}`` are read from the
+environment. Every error is a ValueError that names the server and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "CLIENT_ONLY_KEYS",
+    "OPTION_KEYS",
+    "HttpSpec",
+    "StdioSpec",
+    "parse_options",
+    "parse_spec",
+    "positive",
+]
+
+_ENV_REF = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
+_INPUT_REF = re.compile(r"\$\{input:[^}]*\}")
+
+_STDIO_KEYS = {"command", "args", "env", "envFile", "cwd"}
+_HTTP_KEYS = {"url", "headers"}
+_TYPE_KEYS = ("type", "transportType", "transport")  # VS Code/Cursor/Roo, Cline, older docs
+_HTTP_TYPES = {"http", "streamable-http", "streamable_http", "streamableHttp"}
+# Keys of the MCP clients' own UIs (tool approval, file watching): nothing to do for us.
+CLIENT_ONLY_KEYS = frozenset({"autoApprove", "alwaysAllow", "watchPaths", "dev", "gallery", "version"})
+# Our per-server keys, passed to UpstreamServer.
+OPTION_KEYS = frozenset(
+    {
+        "namespace",
+        "separator",
+        "call_timeout_s",
+        "connect_timeout_s",
+        "restart_backoff",
+        "health_interval_s",
+        "required",
+        "session_meta",
+        "session_arg",
+        "per_session",
+        "max_sessions",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StdioSpec:
+    command: str
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSpec:
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _expand(value: str, where: str) -> str:
+    """Replace ``${NAME}`` (or VS Code's ``${env:NAME}``) with the environment variable."""
+    if _INPUT_REF.search(value):
+        raise ValueError(
+            f"{where} uses a VS Code input variable ({_INPUT_REF.search(value).group(0)}); "  # type: ignore[union-attr]
+            "the server cannot prompt for it: use ${NAME} and set the environment variable NAME"
+        )
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise ValueError(f"{where} refers to ${{{name}}}, but the environment variable {name} is not set")
+        return os.environ[name]
+
+    return _ENV_REF.sub(sub, value)
+
+
+def _str_map(value: Any, where: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"{where} must be an object of strings, got {type(value).__name__}")
+    return {k: _expand(str(v), f"{where}.{k}") for k, v in value.items()}
+
+
+def _env_file(path: Any, where: str) -> dict[str, str]:
+    """``KEY=VALUE`` lines (Cursor's and VS Code's ``envFile``); ``#`` starts a comment."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{where} must be a file path")
+    try:
+        text = Path(_expand(path, where)).expanduser().read_text()
+    except OSError as exc:
+        raise ValueError(f"{where}: cannot read {path!r}: {exc.strerror or exc}") from None
+    env = {}
+    for line in text.splitlines():
+        key, sep, value = line.strip().removeprefix("export ").partition("=")
+        if sep and key and not key.startswith("#"):
+            env[key.strip()] = value.strip().strip("'\"")
+    return env
+
+
+def _transport_type(name: str, spec: dict[str, Any]) -> str:
+    """``stdio`` or ``http``, from the entry's type key or, without one, its keys."""
+    where = f"mcpServers.{name}"
+    given = [spec[key] for key in _TYPE_KEYS if key in spec]
+    kind = given[0] if given else None
+    if kind is None and "url" in spec and "command" in spec:
+        raise ValueError(f"{where} has both 'command' (stdio) and 'url' (HTTP); keep one")
+    if kind == "sse":
+        raise ValueError(f"{where}: the legacy SSE transport is not supported; use a streamable HTTP url")
+    if kind in _HTTP_TYPES or (kind is None and "url" in spec):
+        return "http"
+    if kind == "stdio" or (kind is None and "command" in spec):
+        return "stdio"
+    if kind is None:
+        raise ValueError(f"{where} needs 'command' (a stdio server) or 'url' (a streamable HTTP server)")
+    raise ValueError(f"{where}.type must be stdio, http or streamable-http, got {kind!r}")
+
+
+def parse_spec(name: str, spec: Any) -> StdioSpec | HttpSpec:
+    """Validate the transport part of one ``mcpServers`` entry; the error names the server and key.
+
+    Client-only keys (``autoApprove``...) are accepted here; ``load_upstreams`` warns about them.
+    """
+    where = f"mcpServers.{name}"
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must be an object with 'command' (stdio) or 'url' (HTTP)")
+    kind = _transport_type(name, spec)
+    allowed = (_HTTP_KEYS if kind == "http" else _STDIO_KEYS) | set(_TYPE_KEYS) | CLIENT_ONLY_KEYS
+    unknown = set(spec) - allowed
+    if unknown:
+        takes = "url, headers" if kind == "http" else "command, args, env, envFile, cwd"
+        raise ValueError(f"{where} has unknown keys {sorted(unknown)} ({kind} entries take {takes})")
+    if kind == "http":
+        return _http_spec(where, spec)
+    return _stdio_spec(where, spec)
+
+
+def _http_spec(where: str, spec: dict[str, Any]) -> HttpSpec:
+    url = spec.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"{where}.url must be an http(s) URL, got {url!r}")
+    return HttpSpec(_expand(url, f"{where}.url"), _str_map(spec.get("headers"), f"{where}.headers"))
+
+
+def _stdio_spec(where: str, spec: dict[str, Any]) -> StdioSpec:
+    command = spec.get("command")
+    if not isinstance(command, str) or not command:
+        raise ValueError(f"{where}.command must be a non-empty string")
+    args = spec.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str | int | float) for a in args):
+        raise ValueError(f"{where}.args must be a list of strings")
+    cwd = spec.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError(f"{where}.cwd must be a string")
+    env = _env_file(spec["envFile"], f"{where}.envFile") if "envFile" in spec else {}
+    env.update(_str_map(spec.get("env"), f"{where}.env"))
+    return StdioSpec(
+        command=_expand(command, f"{where}.command"),
+        args=[_expand(str(a), f"{where}.args") for a in args],
+        env=env,
+        cwd=_expand(cwd, f"{where}.cwd") if cwd else None,
+    )
+
+
+def positive(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{where} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def parse_options(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+    """Our keys of one entry, plus what the clients' keys mean to us (``timeout``, ``disabledTools``)."""
+    where = f"mcpServers.{name}"
+    options = {key: entry.pop(key) for key in OPTION_KEYS & set(entry)}
+    if "timeout" in entry:  # Cline/Roo: a call's timeout, in seconds
+        timeout = positive(entry.pop("timeout"), f"{where}.timeout")
+        if "call_timeout_s" in options:
+            raise ValueError(f"{where} has both timeout and call_timeout_s; keep one")
+        options["call_timeout_s"] = timeout
+    disabled_tools = entry.pop("disabledTools", None) or []
+    if not isinstance(disabled_tools, list) or not all(isinstance(t, str) for t in disabled_tools):
+        raise ValueError(f"{where}.disabledTools must be a list of tool names")
+    if disabled_tools:
+        options["disabled_tools"] = disabled_tools
+    if "restart_backoff" in options:
+        backoff = options["restart_backoff"]
+        if not isinstance(backoff, list | tuple) or len(backoff) != 2:
+            raise ValueError(f"{where}.restart_backoff must be [first, max] seconds, got {backoff!r}")
+        options["restart_backoff"] = tuple(backoff)
+    return options

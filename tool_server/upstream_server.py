@@ -1,0 +1,523 @@
+"""One supervised connection to an upstream MCP server (stdio or streamable HTTP).
+
+``UpstreamServer`` owns one connection through the official MCP SDK client. A
+supervisor task keeps it alive: a stdio subprocess that dies (or an HTTP upstream
+that stops answering) is reconnected with exponential backoff, and calls made while
+it is down fail fast with ``unavailable`` instead of queueing. ``call`` never raises
+and never outlives its timeout, so one broken upstream cannot stall a batch.
+
+The trajectory's session reaches the upstream in ``_meta``, in a named argument
+(``session_arg``), or as a process of its own (``per_session``, ``upstream_sessions``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, TextIO
+
+import anyio
+from mcp import Client
+
+from protocol import ErrorKind, Result, SessionState, ToolError
+from tool_server.upstream_calls import call_error, call_outcome, failure, request_meta
+from tool_server.upstream_config import HttpSpec, StdioSpec, parse_spec, positive
+from tool_server.upstream_sessions import SessionPool
+from tool_server.upstream_stderr import StderrCapture
+from tool_server.upstream_tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamTool, build_catalog
+from tool_server.upstream_transport import describe_failure, open_transport
+
+__all__ = ["DEFAULT_SEPARATOR", "State", "UpstreamServer"]
+
+logger = logging.getLogger("tool_server.upstream")
+
+State = Literal["stopped", "starting", "ready", "restarting", "exited"]
+
+DEFAULT_SEPARATOR = "__"
+_SERVER_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+_MAX_LIST_PAGES = 100
+_STOP_TIMEOUT_S = 10.0  # the SDK's own shutdown (close stdin, SIGTERM, SIGKILL) fits in this
+
+
+class UpstreamServer:
+    """One supervised connection to an upstream MCP server (stdio or streamable HTTP).
+
+    Args:
+        name: the ``mcpServers`` key; used in messages, metrics and (by default) the namespace.
+        spec: ``{"command", "args", "env", "cwd"}`` or ``{"url", "headers"}`` (or a parsed spec).
+        namespace: prefix of the exported tool names (default: ``name``, made OpenAI-safe;
+            ``""`` for none).
+        separator: between namespace and tool name; the default ``__`` keeps names within
+            OpenAI's ``^[a-zA-Z0-9_-]{1,64}$``.
+        call_timeout_s: default deadline of one call.
+        connect_timeout_s: deadline of the handshake and tool listing on each (re)connect.
+        restart_backoff: (first, max) delay in seconds between reconnect attempts; it
+            doubles after each failure and resets once a connection stayed up ``max`` seconds.
+        health_interval_s: how often the connection is probed with ``tools/list`` (None:
+            never); a probe that fails or takes longer than ``call_timeout_s`` reconnects.
+        required: whether the server's readiness decides the replica's (``/readyz``).
+        session_meta: send the trajectory session id in the request ``_meta``
+            (``toolfactory/session``, with ``toolfactory/call_id``).
+        session_arg: set this argument of every call to the session id (e.g. ``state_key``);
+            it is taken out of the schema the model sees.
+        per_session: one process per session (stdio only), for servers that keep state in
+            memory; at most ``max_sessions`` at once, each stopped when its session closes.
+        disabled_tools: upstream tool names not to expose.
+        restart: reconnect when the connection ends (per-session instances do not: their
+            state would be gone).
+        errlog: where a stdio server's stderr goes; by default a temporary file whose
+            tail is quoted in ``last_error`` when the process dies.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: dict[str, Any] | StdioSpec | HttpSpec,
+        *,
+        namespace: str | None = None,
+        separator: str = DEFAULT_SEPARATOR,
+        call_timeout_s: float = 30.0,
+        connect_timeout_s: float = 20.0,
+        restart_backoff: tuple[float, float] = (0.5, 30.0),
+        health_interval_s: float | None = 30.0,
+        required: bool = False,
+        session_meta: bool = True,
+        session_arg: str | None = None,
+        per_session: bool = False,
+        max_sessions: int = 8,
+        disabled_tools: Iterable[str] = (),
+        restart: bool = True,
+        errlog: TextIO | None = None,
+    ) -> None:
+        if not name or _SERVER_NAME_BAD.search(name):
+            raise ValueError(f"upstream server name {name!r} must match [A-Za-z0-9_.-]+")
+        self.name = name
+        self.label = f"upstream MCP server '{name}'"  # how messages name it
+        self.spec = spec if isinstance(spec, StdioSpec | HttpSpec) else parse_spec(name, spec)
+        self.namespace = UNSAFE_NAME.sub("_", name) if namespace is None else namespace
+        self.separator = separator
+        self.prefix = f"{self.namespace}{separator}" if self.namespace else ""
+        self._check_names()
+        self.call_timeout_s = positive(call_timeout_s, f"mcpServers.{name}.call_timeout_s")
+        self.connect_timeout_s = positive(connect_timeout_s, f"mcpServers.{name}.connect_timeout_s")
+        first, most = restart_backoff
+        if not 0 < first <= most:
+            raise ValueError(
+                f"restart_backoff must be (first, max) with 0 < first <= max, got {restart_backoff}"
+            )
+        self.restart_backoff = (float(first), float(most))
+        if health_interval_s is not None and health_interval_s <= 0:
+            raise ValueError(f"health_interval_s must be > 0 or None, got {health_interval_s}")
+        self.health_interval_s = health_interval_s
+        self.required = bool(required)
+        self.session_meta = bool(session_meta)
+        self._check_session_options(session_arg, per_session, max_sessions)
+        self.session_arg = session_arg
+        self.per_session = bool(per_session)
+        self.max_sessions = int(max_sessions)
+        self.disabled_tools = frozenset(disabled_tools)
+        self.restart = restart
+        self._errlog = errlog
+        # Called (on the event loop) whenever the tool list changes: Upstreams syncs the registry.
+        self.on_tools_changed: Callable[[UpstreamServer], None] | None = None
+
+        self._state: State = "stopped"
+        self._restarts = 0
+        self._last_error: str | None = None
+        self._connected_at: float | None = None
+        self._protocol_version: str | None = None
+        self._client: Client | None = None
+        self._catalog: list[UpstreamTool] = []
+        self._upstream_names: dict[str, str] = {}  # local (exported, no namespace) name -> upstream name
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake: anyio.Event | None = None
+        self._attempted = asyncio.Event()
+        self._cancel_scope: anyio.CancelScope | None = None  # made in start(): it needs the event loop
+        self._stderr: StderrCapture | None = None
+        self._pool = SessionPool(self, self.max_sessions) if self.per_session else None
+
+    def _check_names(self) -> None:
+        where = f"mcpServers.{self.name}"
+        if UNSAFE_NAME.search(self.namespace):
+            raise ValueError(f"{where}.namespace {self.namespace!r} must use only [A-Za-z0-9_-]")
+        if _SERVER_NAME_BAD.search(self.separator):
+            raise ValueError(f"{where}: separator {self.separator!r} must use only [A-Za-z0-9_.-]")
+        if len(self.prefix) > MAX_NAME_LENGTH // 2:
+            raise ValueError(f"{where}: namespace plus separator {self.prefix!r} is over 32 characters")
+
+    def _check_session_options(self, session_arg: Any, per_session: Any, max_sessions: Any) -> None:
+        where = f"mcpServers.{self.name}"
+        if session_arg is not None and (not isinstance(session_arg, str) or not session_arg):
+            raise ValueError(f"{where}.session_arg must be an argument name, got {session_arg!r}")
+        if per_session and not isinstance(self.spec, StdioSpec):
+            raise ValueError(f"{where}.per_session needs a stdio server (a command): a URL is one server")
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"{where}.max_sessions must be a positive integer, got {max_sessions!r}")
+
+    # ---------------------------------------------------------------- public view
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if isinstance(self.spec, StdioSpec) else "http"
+
+    @property
+    def healthy(self) -> bool:
+        return self._state == "ready"
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    @property
+    def last_error(self) -> str | None:
+        return self._last_error
+
+    @property
+    def stateful(self) -> bool:
+        """Its tools keep per-session state: calls of one session run in order."""
+        return self.per_session or self.session_arg is not None
+
+    @property
+    def catalog(self) -> list[UpstreamTool]:
+        return list(self._catalog)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """MCP tool descriptors (dicts), names prefixed with the namespace."""
+        return [tool.descriptor for tool in self._catalog]
+
+    def qualified(self, local_name: str) -> str:
+        return self.prefix + local_name
+
+    def local_name(self, qualified_name: str) -> str | None:
+        """The name to pass to ``call`` for an exported name, or None if it is not ours."""
+        if not qualified_name.startswith(self.prefix):
+            return None
+        local = qualified_name[len(self.prefix) :]
+        return local if local in self._upstream_names else None
+
+    def status(self) -> dict[str, Any]:
+        """For /readyz and /metrics."""
+        status = {
+            "name": self.name,
+            "transport": self.transport,
+            "state": self._state,
+            "healthy": self.healthy,
+            "required": self.required,
+            "restarts": self._restarts,
+            "last_error": self._last_error,
+            "tools": len(self._catalog),
+            "protocol_version": self._protocol_version,
+            "uptime_s": round(time.monotonic() - self._connected_at, 3) if self._connected_at else None,
+        }
+        if self._pool is not None:
+            status["sessions"] = len(self._pool)
+            status["max_sessions"] = self.max_sessions
+        return status
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, *, wait: bool = True) -> None:
+        """Launch the supervisor; with ``wait``, wait (bounded) for the first connection attempt.
+
+        Returns even if the upstream could not be reached: ``healthy`` is then False,
+        ``last_error`` says why, and the supervisor keeps retrying in the background.
+        """
+        if self._task is None:
+            self._stopping = False
+            self._attempted = asyncio.Event()
+            self._cancel_scope = anyio.CancelScope()
+            self._state = "starting"
+            self._task = asyncio.get_running_loop().create_task(
+                self._supervise(), name=f"upstream:{self.name}"
+            )
+        if wait:
+            await self.wait_attempted(self.connect_timeout_s + 5)
+
+    async def wait_attempted(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the first connection attempt ended, either way."""
+        with anyio.move_on_after(timeout_s):
+            await self._attempted.wait()
+        return self._attempted.is_set()
+
+    async def stop(self) -> None:
+        """Close the connection (and the subprocess) and every per-session instance.
+
+        Prompt even mid-handshake: the supervisor is cancelled, and the SDK's shielded
+        shutdown still ends the process (close stdin, then SIGTERM, then SIGKILL).
+        Idempotent.
+        """
+        task, self._task = self._task, None
+        waits = [self._pool.stop()] if self._pool is not None else []
+        if task is not None:
+            self._stopping = True
+            if self._cancel_scope is not None:
+                self._cancel_scope.cancel()
+            waits.append(self._reap(task))
+        await asyncio.gather(*waits, return_exceptions=True)
+        self._state = "stopped"
+        self._client = None
+
+    async def _reap(self, task: asyncio.Task[None]) -> None:
+        done, _ = await asyncio.wait({task}, timeout=_STOP_TIMEOUT_S)
+        if not done:  # a transport that ignores its own shutdown bounds: cut it off
+            logger.warning("upstream %s did not stop within %g s; cancelling it", self.name, _STOP_TIMEOUT_S)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def __aenter__(self) -> UpstreamServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------------------------- call
+
+    async def call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        *,
+        call_id: str = "",
+        session: SessionState | None = None,
+    ) -> Result:
+        """Call one upstream tool by its name without the namespace; never raises.
+
+        ``session`` (the trajectory's) travels as configured: in ``_meta``, in the
+        ``session_arg`` argument, or by choosing the session's own instance.
+        """
+        started = time.perf_counter()
+        deadline = self.call_timeout_s if timeout_s is None else float(timeout_s)
+        arguments = dict(arguments or {})
+        if self.session_arg is not None and session is not None:
+            arguments[self.session_arg] = session.id  # the session decides the world, not the model
+        meta = request_meta(call_id, session) if self.session_meta else None
+        target = self
+        if self._pool is not None and session is not None:
+            try:
+                target = await self._pool.instance_for(session)
+            except ToolError as refused:
+                return failure(call_id, refused.kind, refused.message, started)
+        return await target._forward(name, arguments, deadline, call_id, meta, started)
+
+    async def _forward(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        deadline: float,
+        call_id: str,
+        meta: dict[str, Any] | None,
+        started: float,
+    ) -> Result:
+        client = self._client
+        if client is None or self._state != "ready":
+            why = f" (last error: {self._last_error})" if self._last_error else ""
+            message = f"{self.label} is {self._state}{why}; retry later"
+            return failure(call_id, ErrorKind.UNAVAILABLE, message, started)
+        upstream_name = self._upstream_names.get(name)
+        if upstream_name is None:
+            return failure(
+                call_id, ErrorKind.UNKNOWN_TOOL, f"{self.label} has no tool named {name!r}", started
+            )
+        try:
+            # The SDK's own read timeout cancels the request upstream; the outer
+            # deadline is the guarantee that nothing (a stuck write) outlives it.
+            with anyio.fail_after(deadline + 1.0):
+                raw = await client.call_tool(
+                    upstream_name,
+                    arguments,
+                    read_timeout_seconds=deadline,
+                    meta=meta,  # type: ignore[arg-type]
+                )
+        except Exception as exc:
+            error = call_error(
+                exc,
+                tool=self.qualified(name),
+                upstream_tool=upstream_name,
+                label=self.label,
+                deadline=deadline,
+            )
+            if error.lost is not None:
+                self._lost(error.lost)
+            return failure(call_id, error.kind, error.message, started)
+        return call_outcome(raw, call_id, started)
+
+    # --------------------------------------------------------- per-session pool
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` ran and ``stop`` did not since."""
+        return self._task is not None
+
+    def spawn_instance(self) -> UpstreamServer:
+        """A new, unstarted instance of this server for one session (``per_session``)."""
+        instance = UpstreamServer(
+            self.name,
+            self.spec,
+            namespace=self.namespace,
+            separator=self.separator,
+            call_timeout_s=self.call_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            health_interval_s=None,
+            disabled_tools=self.disabled_tools,
+            restart=False,  # a restarted process would be a fresh world: the session's state is gone
+            errlog=self._errlog,
+        )
+        instance.session_meta = False  # the parent sets _meta and arguments
+        instance.label = f"this session's instance of {self.label}"
+        return instance
+
+    # ----------------------------------------------------------------- supervisor
+
+    def _lost(self, reason: str) -> None:
+        """The connection is gone (or unusable): stop taking calls and let the supervisor reconnect."""
+        if self._state == "ready" and not self._stopping:
+            self._state = "restarting" if self.restart else "exited"
+            self._last_error = self._with_stderr(reason)
+            logger.warning("upstream %s lost: %s", self.name, self._last_error)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _with_stderr(self, message: str) -> str:
+        tail = self._stderr.excerpt() if self._stderr is not None else ""
+        return f"{message}; stderr: {tail}" if tail else message
+
+    def _transport(self, on_end: Callable[[], None]) -> Any:
+        errlog = self._errlog
+        if isinstance(self.spec, StdioSpec) and errlog is None:
+            if self._stderr is not None:
+                self._stderr.close()
+            self._stderr = StderrCapture()
+            errlog = self._stderr.file
+        return open_transport(
+            self.spec,
+            on_end,
+            errlog=errlog,
+            connect_timeout_s=self.connect_timeout_s,
+            call_timeout_s=self.call_timeout_s,
+        )
+
+    def _describe(self, exc: BaseException) -> str:
+        stderr = self._stderr.excerpt() if self._stderr is not None else ""
+        return describe_failure(exc, self.name, self.spec, self.connect_timeout_s, stderr)
+
+    async def _supervise(self) -> None:
+        delay = self.restart_backoff[0]
+        first = True
+        try:
+            with self._cancel_scope or anyio.CancelScope():
+                while not self._stopping:
+                    if not first:
+                        self._restarts += 1
+                    first = False
+                    uptime = await self._connect_and_serve()
+                    if self._stopping or not self.restart:
+                        break
+                    if uptime is not None and uptime >= self.restart_backoff[1]:
+                        delay = self.restart_backoff[0]
+                    self._state = "restarting"
+                    wake = self._wake = anyio.Event()
+                    with anyio.move_on_after(delay):
+                        await wake.wait()
+                    delay = min(delay * 2, self.restart_backoff[1])
+        finally:
+            self._client = None
+            self._state = "stopped" if self._stopping or self.restart else "exited"
+            self._signal_attempted()
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+
+    async def _connect_and_serve(self) -> float | None:
+        """One connection's life; returns how long it was up (None if it never came up)."""
+        wake = self._wake = anyio.Event()
+        up_since: float | None = None
+        try:
+            transport = self._transport(lambda: self._lost("the connection ended (process exited?)"))
+            async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as client:
+                changed = await self._load_tools(client)
+                self._protocol_version = client.protocol_version
+                self._client = client
+                self._connected_at = up_since = time.monotonic()
+                if self._stderr is not None:
+                    self._stderr.mark()  # what it said while starting is not news later
+                self._state = "ready"
+                self._signal_attempted()
+                logger.info("upstream %s ready (%d tools)", self.name, len(self._catalog))
+                if changed:
+                    self._tools_changed()
+                await self._watch(client, wake)
+        except Exception as exc:  # every failure becomes last_error; the loop retries
+            if not self._stopping:
+                self._last_error = self._describe(exc)
+                logger.warning("upstream %s: %s", self.name, self._last_error)
+        finally:
+            self._client = None
+            self._connected_at = None
+            if self._state == "ready":
+                self._state = "restarting" if self.restart else "exited"
+            self._signal_attempted()
+        return None if up_since is None else time.monotonic() - up_since
+
+    async def _watch(self, client: Client, wake: anyio.Event) -> None:
+        """Wait for the connection to end; meanwhile probe it now and then.
+
+        A dead stdio process shows itself by closing its stdout, but a hung one or an HTTP
+        server that went away while idle does not: a periodic ``tools/list`` finds both,
+        and also picks up a changed tool list (pushed to the registry at once).
+        """
+        probe_timeout = min(self.connect_timeout_s, self.call_timeout_s)
+        while not wake.is_set():
+            with anyio.move_on_after(self.health_interval_s or 30.0):
+                await wake.wait()
+            if wake.is_set():
+                return
+            if self._stderr is not None:
+                self._stderr.trim()
+            if self.health_interval_s is None:
+                continue
+            try:
+                with anyio.fail_after(probe_timeout):
+                    changed = await self._load_tools(client, refresh=True)
+            except TimeoutError:
+                self._lost(f"health check failed: no answer to tools/list within {probe_timeout:g} s")
+            except Exception as exc:  # any failure of the probe means the connection is not usable
+                self._lost(f"health check failed: {self._describe(exc)}")
+            else:
+                if changed:
+                    self._tools_changed()
+
+    def _signal_attempted(self) -> None:
+        self._attempted.set()
+
+    def _tools_changed(self) -> None:
+        if self.on_tools_changed is None:
+            return
+        try:
+            self.on_tools_changed(self)
+        except Exception:  # the registry's trouble must not take the connection down
+            logger.exception("upstream %s: applying its new tool list failed", self.name)
+
+    async def _load_tools(self, client: Client, *, refresh: bool = False) -> bool:
+        """Fetch the tool list; returns whether it changed."""
+        listed: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(_MAX_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+            listed += [tool.model_dump(by_alias=True, exclude_none=True) for tool in page.tools]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        catalog = build_catalog(self, listed)
+        changed = catalog != self._catalog
+        self._catalog = catalog
+        self._upstream_names = {tool.local: tool.upstream_name for tool in catalog}
+        return changed

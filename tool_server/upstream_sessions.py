@@ -1,0 +1,69 @@
+"""``per_session`` upstreams: one process of the server per trajectory session, from a bounded pool.
+
+For stdio servers that keep their state in process memory: each session gets an
+instance of its own on its first call, stopped when the session closes. At most
+``max_sessions`` run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from protocol import ErrorKind, SessionState, ToolError
+
+if TYPE_CHECKING:
+    from tool_server.upstream_server import UpstreamServer
+
+__all__ = ["SessionPool"]
+
+
+class SessionPool:
+    """The per-session instances of one upstream (``owner``)."""
+
+    def __init__(self, owner: UpstreamServer, max_sessions: int) -> None:
+        self.owner = owner
+        self.max_sessions = max_sessions
+        self._instances: set[UpstreamServer] = set()
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def __len__(self) -> int:
+        return len(self._instances)
+
+    async def instance_for(self, session: SessionState) -> UpstreamServer:
+        """The session's own instance, started on its first call; ToolError when there is none to give."""
+        owner = self.owner
+        key = f"upstream:{owner.name}"
+        instance = session.data.get(key)
+        if instance is None:
+            if not owner.started:
+                raise ToolError(f"{owner.label} is stopped", ErrorKind.UNAVAILABLE)
+            if len(self._instances) >= self.max_sessions:
+                raise ToolError(
+                    f"{owner.label} already runs {self.max_sessions} per-session instances (max_sessions); "
+                    "release finished sessions (DELETE /v1/sessions/{id}) or retry later",
+                    ErrorKind.OVERLOADED,
+                )
+            instance = session.data[key] = owner.spawn_instance()
+            self._instances.add(instance)
+            session.on_close(lambda: self._release(instance))
+            await instance.start(wait=False)
+        if not await instance.wait_attempted(owner.connect_timeout_s + 5) or not instance.healthy:
+            why = f": {instance.last_error}" if instance.last_error else ""
+            raise ToolError(
+                f"{instance.label} is {instance.state}{why}; start a new session", ErrorKind.UNAVAILABLE
+            )
+        return instance
+
+    async def stop(self) -> None:
+        """Stop every instance, and wait for those already stopping."""
+        instances, self._instances = list(self._instances), set()
+        waits = [instance.stop() for instance in instances] + list(self._stopping)
+        await asyncio.gather(*waits, return_exceptions=True)
+
+    def _release(self, instance: UpstreamServer) -> None:
+        """Its session closed: stop the instance in the background (closing must not wait for it)."""
+        self._instances.discard(instance)
+        task = asyncio.get_running_loop().create_task(instance.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
