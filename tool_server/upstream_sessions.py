@@ -28,31 +28,47 @@ class SessionPool:
         self._stopping: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
+        """Instances of open sessions (released ones still stopping not included)."""
         return len(self._instances)
 
     async def instance_for(self, session: SessionState) -> UpstreamServer:
         """The session's own instance, started on its first call; ToolError when there is none to give."""
-        owner = self.owner
-        key = f"upstream:{owner.name}"
+        key = f"upstream:{self.owner.name}"
         instance = session.data.get(key)
         if instance is None:
-            if not owner.started:
-                raise ToolError(f"{owner.label} is stopped", ErrorKind.UNAVAILABLE)
-            if len(self._instances) >= self.max_sessions:
-                raise ToolError(
-                    f"{owner.label} already runs {self.max_sessions} per-session instances (max_sessions); "
-                    "release finished sessions (DELETE /v1/sessions/{id}) or retry later",
-                    ErrorKind.OVERLOADED,
-                )
-            instance = session.data[key] = owner.spawn_instance()
-            self._instances.add(instance)
-            session.on_close(lambda: self._release(instance))
-            await instance.start(wait=False)
-        if not await instance.wait_attempted(owner.connect_timeout_s + 5) or not instance.healthy:
+            await self._make_room()
+            instance = session.data.get(key) or await self._start(session, key)
+        if not await instance.wait_attempted(self.owner.connect_timeout_s + 5) or not instance.healthy:
             why = f": {instance.last_error}" if instance.last_error else ""
             raise ToolError(
                 f"{instance.label} is {instance.state}{why}; start a new session", ErrorKind.UNAVAILABLE
             )
+        return instance
+
+    async def _make_room(self) -> None:
+        """Wait until a new instance fits in ``max_sessions``.
+
+        Released instances count until their process is gone (a slow one takes seconds
+        to exit); a session that comes meanwhile waits for one of them, not for a live one.
+        """
+        while True:
+            if not self.owner.started:
+                raise ToolError(f"{self.owner.label} is stopped", ErrorKind.UNAVAILABLE)
+            if len(self._instances) + len(self._stopping) < self.max_sessions:
+                return
+            if len(self._instances) >= self.max_sessions:
+                raise ToolError(
+                    f"{self.owner.label} already runs {self.max_sessions} per-session instances "
+                    "(max_sessions); release finished sessions (DELETE /v1/sessions/{id}) or retry later",
+                    ErrorKind.OVERLOADED,
+                )
+            await asyncio.wait(set(self._stopping), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _start(self, session: SessionState, key: str) -> UpstreamServer:
+        instance = session.data[key] = self.owner.spawn_instance()
+        self._instances.add(instance)
+        session.on_close(lambda: self._release(instance))
+        await instance.start(wait=False)
         return instance
 
     async def stop(self) -> None:

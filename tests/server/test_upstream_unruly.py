@@ -1,0 +1,44 @@
+"""Upstreams that misbehave, as real subprocesses (tests/support/unruly_upstream.py): slow to
+exit, flooding stderr. Whatever they do, the server's own resources stay bounded."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from protocol import SessionState
+from tests.server.test_upstream import children
+from tool_server.upstream import UpstreamServer
+
+pytestmark = pytest.mark.timeout(120)
+
+UNRULY = str(Path(__file__).resolve().parents[1] / "support" / "unruly_upstream.py")
+
+
+async def test_per_session_processes_stay_within_max_sessions_while_released_ones_stop() -> None:
+    # Each released instance takes seconds to exit (it ignores SIGTERM until it is killed).
+    # Before: a released instance left the count at once, so sessions opened meanwhile
+    # started more processes than max_sessions while the released ones were still alive.
+    before = children()
+    up = UpstreamServer(
+        "slow",
+        {"command": sys.executable, "args": [UNRULY, "--linger", "30"]},
+        per_session=True,
+        max_sessions=2,
+    )
+    await up.start()
+    try:
+        (parent,) = children() - before  # the server's own process: it lists the tools
+        seen: list[int] = []
+        for number in range(3):
+            session = SessionState(f"s{number}")
+            result = await up.call("pid", {}, session=session)
+            assert not result.is_error, result.text
+            seen.append(len(children() - before - {parent}))
+            await session.close()  # the instance stops in the background
+        assert max(seen) <= 2, seen  # at most max_sessions per-session processes at any time
+    finally:
+        await up.stop()
+    assert children() - before == set()

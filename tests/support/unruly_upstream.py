@@ -1,0 +1,58 @@
+"""A stdio MCP server (official SDK) that misbehaves on request, for the upstream failure tests.
+
+Tools: ``pid()`` (this process's id) and ``sleep(seconds)``.
+
+* ``--linger SECONDS``: once its stdin closes, ignore SIGTERM and stay alive that long,
+  like a server with a slow shutdown; only SIGKILL ends it sooner.
+* ``--flood``: write to stderr as fast as it can, from the start.
+
+Run: ``python tests/support/unruly_upstream.py [--linger S] [--flood]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("unruly")
+
+
+@server.tool(description="This server's process id.")
+def pid() -> int:
+    return os.getpid()
+
+
+@server.tool(description="Sleep, then say so.")
+async def sleep(seconds: float) -> str:
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+def _flood() -> None:
+    chunk = ("x" * 1023 + "\n") * 64
+    while True:
+        sys.stderr.write(chunk)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--linger", type=float, default=0.0)
+    parser.add_argument("--flood", action="store_true")
+    args = parser.parse_args()
+    if args.flood:
+        threading.Thread(target=_flood, daemon=True).start()
+    server.run()
+    if args.linger:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(args.linger)
+
+
+if __name__ == "__main__":
+    main()
