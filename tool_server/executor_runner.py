@@ -1,0 +1,192 @@
+"""Running one call's tool: its arguments and session, its timeout, and every failure as a Result.
+
+Async tools run on the event loop under the call's timeout, which cancels the coroutine.
+Blocking sync tools run in worker threads and are abandoned on timeout (hard-to-stop
+work belongs in a subprocess). Non-blocking sync tools run on the event loop: inline
+(``run_inline``) where nothing else is needed, or in the call's task after its turn.
+Whatever a tool raises, even ``SystemExit``, ends as an error result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from protocol import Call, ErrorKind, Result, SessionState, ToolError, VerifyRequest, new_call_id
+from tool_server.executor_admission import Caller
+from tool_server.executor_output import OutputShaper
+from tool_server.registry import ToolEntry
+from tool_server.sessions import SessionStore
+
+__all__ = ["CallContext", "CallRunner", "cancelled"]
+
+log = logging.getLogger(__name__)
+INLINE_WARN_S = 0.2  # a non-blocking tool that takes longer than this is reported (once)
+
+RunInner = Callable[[Call, Caller], Awaitable[Result]]
+
+
+class CallContext:
+    """The ToolContext handed to tools that ask for one."""
+
+    __slots__ = ("_run_inner", "_caller", "call_id", "session")
+
+    def __init__(self, run_inner: RunInner, call_id: str, session: SessionState | None, caller: Caller):
+        self._run_inner = run_inner
+        self._caller = caller
+        self.call_id = call_id
+        self.session = session
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Result:
+        inner = Call(new_call_id(), name, arguments, self.session.id if self.session else None)
+        return await self._run_inner(inner, self._caller)
+
+
+class CallRunner:
+    """Calls tools for the executor, which has admitted the call and holds its slots."""
+
+    __slots__ = ("sessions", "shaper", "max_timeout_s", "_threads", "_run_inner", "_overran")
+
+    def __init__(
+        self, sessions: SessionStore, shaper: OutputShaper, limits: Any, run_inner: RunInner
+    ) -> None:
+        self.sessions = sessions
+        self.shaper = shaper
+        self.max_timeout_s = limits.max_timeout_s
+        self._threads = anyio.CapacityLimiter(limits.thread_pool_size)
+        self._run_inner = run_inner  # what a tool's ToolContext.call goes through
+        self._overran: set[str] = set()  # non-blocking tools reported for overrunning
+
+    def run_inline(
+        self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any]
+    ) -> tuple[Result, float]:
+        """A bounded, non-blocking sync tool called right here, without a task or thread:
+        its result and how long it took.
+
+        Same steps as ``run`` (``_prepare``, the tool, output shaping), less the timer:
+        a timeout cannot stop sync code on the event loop, so a tool that overruns is
+        reported: it should not be marked non-blocking.
+        """
+        start = time.perf_counter()
+        try:
+            kwargs, _ = self._prepare(call, entry, caller, kwargs, None)
+            result = self.shaper.to_result(call.call_id, entry.func(**kwargs))
+        except ToolError as exc:
+            result = Result.failure(call.call_id, exc.kind, exc.message)
+        except BaseException as exc:  # noqa: BLE001 (SystemExit from a tool must not stop the server)
+            result = _tool_failure(call, exc)
+        elapsed = time.perf_counter() - start
+        if elapsed > INLINE_WARN_S and entry.name not in self._overran:
+            self._overran.add(entry.name)  # once per tool: a GC pause can look like an overrun
+            log.warning(
+                "tool %s is marked blocking=False but took %.0f ms on the event loop; mark it blocking",
+                entry.name,
+                elapsed * 1000,
+            )
+        return result, elapsed
+
+    async def run(self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any]) -> Result:
+        """Call the tool under its timeout; a Result whatever happens, unless cancelled."""
+        ephemeral = SessionState(new_call_id()) if entry.meta.stateful and call.session is None else None
+        session: SessionState | None = None
+        try:
+            kwargs, session = self._prepare(call, entry, caller, kwargs, ephemeral)
+            if entry.upstream is not None:  # the session carries per-trajectory upstream state
+                return self.shaper.checked(await entry.func(call, entry.meta.timeout_s, session))
+            timeout = min(entry.meta.timeout_s, self.max_timeout_s)
+            try:
+                async with asyncio.timeout(timeout) as deadline:
+                    if entry.is_async:
+                        output = await entry.func(**kwargs)
+                    elif not entry.meta.blocking:  # bounded work (a stateful one, after its turn)
+                        output = entry.func(**kwargs)
+                    else:
+                        output = await anyio.to_thread.run_sync(
+                            functools.partial(_in_thread, entry.func, kwargs),
+                            limiter=self._threads,
+                            abandon_on_cancel=True,
+                        )
+            except TimeoutError:
+                if deadline.expired():
+                    return _timed_out(call, entry, timeout)
+                raise
+            return self.shaper.to_result(call.call_id, output)
+        except ToolError as exc:
+            return Result.failure(call.call_id, exc.kind, exc.message)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # noqa: BLE001 (a tool's fault, even SystemExit, is a result)
+            log.debug("tool %s failed", entry.name, exc_info=True)
+            return _tool_failure(call, exc)
+        finally:
+            if ephemeral is not None and session is ephemeral:
+                await ephemeral.close()
+
+    def _prepare(
+        self,
+        call: Call,
+        entry: ToolEntry,
+        caller: Caller,
+        kwargs: dict[str, Any],
+        fallback: SessionState | None,
+    ) -> tuple[dict[str, Any], SessionState | None]:
+        """The tool's keyword arguments and its session, built the same way on every path.
+
+        The session is the call's (or, for a verifier, the request's), opened for the
+        caller's tenant: another tenant's or a released id raises ``unknown_session``.
+        """
+        request: VerifyRequest | None = kwargs[entry.request_param] if entry.request_param else None
+        session_id = call.session or (request.session if request is not None else None)
+        session = self.sessions.open(caller.tenant, session_id) if session_id else fallback
+        if entry.context_param is not None:
+            kwargs[entry.context_param] = CallContext(self._run_inner, call.call_id, session, caller)
+        return kwargs, session
+
+
+def cancelled(call: Call) -> Result:
+    return Result.failure(call.call_id, ErrorKind.CANCELLED, "the call was cancelled (server shutdown)")
+
+
+class _EscapedFromThread(Exception):
+    """A BaseException (SystemExit, GeneratorExit, ...) a tool raised in a worker thread.
+
+    Handed back to the event loop as it is, it would be thrown into the task's coroutine
+    stack, where GeneratorExit closes every frame it passes (skipping their except
+    clauses) and SystemExit stops the loop. Wrapped, it is an ordinary tool failure.
+    """
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(original)
+        self.original = original
+
+
+def _in_thread(func: Any, kwargs: dict[str, Any]) -> Any:
+    try:
+        return func(**kwargs)
+    except Exception:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        raise _EscapedFromThread(exc) from None
+
+
+def _tool_failure(call: Call, exc: BaseException) -> Result:
+    """A tool's exception as a ``tool_error`` result, whatever the exception does when printed."""
+    if isinstance(exc, _EscapedFromThread):
+        exc = exc.original
+    try:
+        message = f"{type(exc).__name__}: {exc}"
+    except Exception:  # an exception whose __str__ fails is still the tool's fault
+        message = type(exc).__name__
+    return Result.failure(call.call_id, ErrorKind.TOOL_ERROR, message)
+
+
+def _timed_out(call: Call, entry: ToolEntry, timeout: float) -> Result:
+    return Result.failure(
+        call.call_id, ErrorKind.TIMEOUT, f"{entry.name} did not finish within {timeout:g} s and was cancelled"
+    )
