@@ -126,7 +126,7 @@ class CallRunner:
             return _tool_failure(call, exc)
         finally:
             if ephemeral is not None and session is ephemeral:
-                await ephemeral.close()
+                await _close_quietly(ephemeral, entry)
 
     def _prepare(
         self,
@@ -147,6 +147,14 @@ class CallRunner:
         if entry.context_param is not None:
             kwargs[entry.context_param] = CallContext(self._run_inner, call.call_id, session, caller)
         return kwargs, session
+
+
+async def _close_quietly(session: SessionState, entry: ToolEntry) -> None:
+    """Close a call's throwaway session; a cleanup that fails is logged, the result stands."""
+    try:
+        await session.close()
+    except Exception:
+        log.exception("closing the throwaway session of a %s call failed", entry.name)
 
 
 def cancelled(call: Call) -> Result:

@@ -1,0 +1,45 @@
+"""Tools that stress the executor's failure paths (served by tests/server/test_executor_faults.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from protocol import Result, SessionState, ToolContext, tool
+
+GATE: dict[str, asyncio.Event] = {}
+
+
+@tool(name="cleanup_fails", stateful=True, timeout_s=5)
+async def cleanup_fails(ctx: ToolContext) -> str:
+    """Succeeds, but leaves its session a cleanup that raises."""
+    session: SessionState = ctx.session
+
+    def broken_cleanup() -> None:
+        raise RuntimeError("cleanup failed")
+
+    session.on_close(broken_cleanup)
+    return "done"
+
+
+@tool(name="one_at_a_time", max_concurrency=1, timeout_s=30)
+async def one_at_a_time(tag: Annotated[str, "Which gate to wait for."]) -> str:
+    """Waits until the test opens its gate; at most one runs at a time."""
+    await GATE.setdefault(tag, asyncio.Event()).wait()
+    return tag
+
+
+@tool(name="held", stateful=True, timeout_s=30)
+async def held(ctx: ToolContext, tag: Annotated[str, "Which gate to wait for."]) -> str:
+    """A stateful call that waits until the test opens its gate."""
+    await GATE.setdefault(tag, asyncio.Event()).wait()
+    return tag
+
+
+CONSTANT = Result("whatever", [{"type": "text", "text": "always the same object"}])
+
+
+@tool(name="constant_result", timeout_s=5)
+async def constant_result(n: int = 0) -> Result:
+    """Returns one shaped Result object on every call (a memoised answer)."""
+    return CONSTANT

@@ -1,0 +1,60 @@
+"""The executor's failure paths: every call ends as one result, and leaves nothing held behind.
+
+Slots, admission counts, a session's turn and the in-flight entry of a call_id are given
+back however a call ends: it fails, it is cancelled (even before it started), or its
+cleanup fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from protocol import decode_results
+from tests.support.server import ServerProcess, running_server, server_config
+from tool_server.app import build_registry
+from tool_server.config import config_from_dict
+from tool_server.executor import Executor
+
+TOOLS = [
+    {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}
+    for name in ("cleanup_fails", "one_at_a_time", "held", "constant_result")
+]
+
+
+@pytest.fixture(scope="module")
+def srv() -> Iterator[ServerProcess]:
+    config = server_config()
+    config["tools"] = [*config["tools"], *TOOLS]
+    with running_server(config) as proc:
+        yield proc
+
+
+def make_executor(**limits: Any) -> Executor:
+    config = config_from_dict(
+        {"tools": [*TOOLS, {"target": "tools.testing:echo_async"}], "limits": limits}, environ={}
+    )
+    return Executor(build_registry(config), config)
+
+
+async def settle() -> None:
+    """Let every ready task run until all wait on something."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+
+
+def test_a_session_cleanup_that_raises_is_logged_not_a_500(srv):
+    # A stateful tool called without a session gets a throwaway one, closed after the
+    # call; a cleanup the tool left there that raises used to escape the executor.
+    calls = [{"call_id": f"cleanup-{i}", "name": "cleanup_fails", "arguments": {}} for i in range(3)]
+    response = httpx.post(srv.url + "/v1/calls", json={"calls": calls}, timeout=30)
+    assert response.status_code == 200, response.text
+    assert [r.text for r in decode_results(response.content)] == ["done"] * 3
+    ready = httpx.get(srv.url + "/readyz", timeout=10).json()
+    assert ready["in_flight"] == 0  # nothing stays admitted
+    retried = httpx.post(srv.url + "/v1/calls", json={"calls": calls[:1]}, timeout=30)
+    assert retried.status_code == 200 and decode_results(retried.content)[0].text == "done"
