@@ -69,8 +69,8 @@ class UpstreamServer:
         disabled_tools: upstream tool names not to expose.
         restart: reconnect when the connection ends (per-session instances do not: their
             state would be gone).
-        errlog: where a stdio server's stderr goes; by default a temporary file whose
-            tail is quoted in ``last_error`` when the process dies.
+        errlog: where a stdio server's stderr goes; by default a pipe whose last bytes
+            are kept, and quoted in ``last_error`` when the process dies.
     """
 
     def __init__(
@@ -474,16 +474,15 @@ class UpstreamServer:
         server that went away while idle does not: a periodic ``tools/list`` finds both,
         and also picks up a changed tool list (pushed to the registry at once).
         """
+        if self.health_interval_s is None:
+            await wake.wait()
+            return
         probe_timeout = min(self.connect_timeout_s, self.call_timeout_s)
         while not wake.is_set():
-            with anyio.move_on_after(self.health_interval_s or 30.0):
+            with anyio.move_on_after(self.health_interval_s):
                 await wake.wait()
             if wake.is_set():
                 return
-            if self._stderr is not None:
-                self._stderr.trim()
-            if self.health_interval_s is None:
-                continue
             try:
                 with anyio.fail_after(probe_timeout):
                     changed = await self._load_tools(client, refresh=True)

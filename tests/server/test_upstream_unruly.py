@@ -3,13 +3,15 @@ exit, flooding stderr. Whatever they do, the server's own resources stay bounded
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 from pathlib import Path
 
 import pytest
 
 from protocol import SessionState
-from tests.server.test_upstream import children
+from tests.server.test_upstream import children, wait_until
 from tool_server.upstream import UpstreamServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,3 +44,27 @@ async def test_per_session_processes_stay_within_max_sessions_while_released_one
     finally:
         await up.stop()
     assert children() - before == set()
+
+
+def _written(pid: int) -> int:
+    """Bytes the process has written so far (its stdout and stderr included)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar in /proc/PID/io")
+
+
+async def test_a_stderr_flood_is_not_kept() -> None:
+    # Before: stderr went to a temporary file trimmed once per health interval (30 s):
+    # a flooding server filled the disk by gigabytes in between.
+    up = UpstreamServer("loud", {"command": sys.executable, "args": [UNRULY, "--flood"]})
+    await up.start()
+    try:
+        pid = (await up.call("pid", {})).structured["result"]
+        await wait_until(lambda: _written(pid) > 256 << 20, timeout_s=60)
+        stderr = os.stat(f"/proc/{pid}/fd/2")  # what the child writes its stderr to
+        kept = stderr.st_size if stat.S_ISREG(stderr.st_mode) else 0  # a file keeps it all; a pipe does not
+        assert kept < 2 << 20, f"{kept} bytes of stderr kept"
+        assert (await up.call("sleep", {"seconds": 0})).text == "slept 0.0"  # still answering
+    finally:
+        await up.stop()
