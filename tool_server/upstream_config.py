@@ -1,8 +1,8 @@
 """One ``mcpServers`` entry, checked: its transport (``StdioSpec``/``HttpSpec``) and our options.
 
 Entries come in the JSON shapes the MCP clients use (Claude Desktop, Cursor, Cline/Roo,
-VS Code's ``servers`` with ``type``); ``${NAME}`` and ``${env:NAME}`` are read from the
-environment. Every error is a ValueError that names the server and the key.
+VS Code's ``servers`` with ``type``); ``${NAME}``, ``${env:NAME}`` and ``${NAME:-default}``
+are read from the environment. Every error is a ValueError that names the server and the key.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ __all__ = [
     "positive",
 ]
 
-_ENV_REF = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
-_INPUT_REF = re.compile(r"\$\{input:[^}]*\}")
+_REFERENCE = re.compile(r"\$\{([^}]*)\}")
+_ENV_REF = re.compile(r"(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)  # inside ${...}
 
 _STDIO_KEYS = {"command", "args", "env", "envFile", "cwd"}
 _HTTP_KEYS = {"url", "headers"}
@@ -65,20 +65,31 @@ class HttpSpec:
 
 
 def _expand(value: str, where: str) -> str:
-    """Replace ``${NAME}`` (or VS Code's ``${env:NAME}``) with the environment variable."""
-    if _INPUT_REF.search(value):
-        raise ValueError(
-            f"{where} uses a VS Code input variable ({_INPUT_REF.search(value).group(0)}); "  # type: ignore[union-attr]
-            "the server cannot prompt for it: use ${NAME} and set the environment variable NAME"
-        )
+    """Replace ``${NAME}`` (VS Code's ``${env:NAME}``, Claude Code's ``${NAME:-default}``)
+    with the environment variable; any other ``${...}`` is refused, not passed on as text."""
 
     def sub(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in os.environ:
+        reference = match.group(0)
+        if reference.startswith("${input:"):
+            raise ValueError(
+                f"{where} uses a VS Code input variable ({reference}); the server cannot prompt "
+                "for it: use ${NAME} and set the environment variable NAME"
+            )
+        parsed = _ENV_REF.fullmatch(match.group(1))
+        if parsed is None:
+            raise ValueError(
+                f"{where} has {reference}, which names no environment variable: "
+                "use ${NAME}, ${env:NAME} or ${NAME:-default}"
+            )
+        name, default = parsed.groups()
+        found = os.environ.get(name)
+        if default is not None and not found:  # unset or empty, as in a shell
+            return default
+        if found is None:
             raise ValueError(f"{where} refers to ${{{name}}}, but the environment variable {name} is not set")
-        return os.environ[name]
+        return found
 
-    return _ENV_REF.sub(sub, value)
+    return _REFERENCE.sub(sub, value)
 
 
 def _str_map(value: Any, where: str) -> dict[str, str]:

@@ -137,6 +137,26 @@ def test_environment_references_are_expanded(monkeypatch: pytest.MonkeyPatch) ->
         parse_spec("d", {"url": "http://h/mcp", "headers": {"Authorization": "Bearer ${UPSTREAM_TOKEN}"}})
 
 
+def test_environment_references_with_a_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Claude Code's ${NAME:-default}; before, it was passed on as literal text.
+    entry = {"command": "x", "args": ["--tz=${UPSTREAM_TZ:-UTC}"], "env": {"LEVEL": "${UPSTREAM_LEVEL:-}"}}
+    monkeypatch.delenv("UPSTREAM_TZ", raising=False)
+    monkeypatch.setenv("UPSTREAM_LEVEL", "debug")
+    spec = parse_spec("t", entry)
+    assert spec.args == ["--tz=UTC"] and spec.env == {"LEVEL": "debug"}
+    monkeypatch.setenv("UPSTREAM_TZ", "Asia/Tokyo")
+    monkeypatch.setenv("UPSTREAM_LEVEL", "")  # set but empty takes the default, as in a shell
+    spec = parse_spec("t", entry)
+    assert spec.args == ["--tz=Asia/Tokyo"] and spec.env == {"LEVEL": ""}
+
+
+@pytest.mark.parametrize("reference", ["${UPSTREAM TZ}", "${1TZ}", "${TZ:=UTC}", "${}"])
+def test_environment_references_that_mean_nothing_are_refused(reference: str) -> None:
+    # Before: passed on to the server as literal text, to fail there with a puzzling message.
+    with pytest.raises(ValueError, match=r"mcpServers\.t\.args .*\$\{NAME\}"):
+        parse_spec("t", {"command": "x", "args": [f"--tz={reference}"]})
+
+
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [
