@@ -28,6 +28,7 @@ store and result cache), ``executor_order`` (per-session order), ``executor_runn
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterable, Sequence
@@ -260,33 +261,45 @@ class Executor:
             return result
         if not inner:
             self._admission.take(caller.tenant)
-        task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs, time.perf_counter()))
-        self._records.running(key, fingerprint, task)
+        task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs))
+        # A callback, not a finally: it runs however the task ends, even cancelled before
+        # its first step (then no line of _execute ever runs). Added first, it runs before
+        # the caller awaiting the task resumes.
+        task.add_done_callback(functools.partial(self._settle, ticket, time.perf_counter()))
+        self._records.running(key, fingerprint)
         return task
 
-    async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
-        call = ticket.call
+    async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        if ticket.turn is not None:
+            await ticket.turn.wait()  # before taking a slot: waiting must not hold one
+        if ticket.inner:
+            return await self._limited(ticket, kwargs)
+        await self._slots.acquire(ticket.caller.tenant)
+        self.running += 1
         try:
-            if ticket.turn is not None:
-                await ticket.turn.wait()  # before taking a slot: waiting must not hold one
-            if ticket.inner:
-                result = await self._limited(ticket, kwargs)
-            else:
-                await self._slots.acquire(ticket.caller.tenant)
-                self.running += 1
-                try:
-                    result = await self._limited(ticket, kwargs)
-                finally:
-                    self.running -= 1
-                    self._slots.release()
-        except asyncio.CancelledError:
-            self._finish(ticket, cancelled(call), start, store=False)
-            raise
+            return await self._limited(ticket, kwargs)
         finally:
-            if ticket.turn is not None:
-                ticket.turn.end()
-        self._finish(ticket, result, start, storable(result))
-        return result
+            self.running -= 1
+            self._slots.release()
+
+    def _settle(self, ticket: _Ticket, start: float, task: asyncio.Task[Result]) -> None:
+        """The call's task has ended: pass its session's turn on, give back its admission,
+        keep and count its result, and hand that to the retries that joined it."""
+        if ticket.turn is not None:
+            ticket.turn.end()
+        if not ticket.inner:
+            self._admission.give_back(ticket.caller.tenant)
+        if task.cancelled():
+            result, store = cancelled(ticket.call), False
+        elif (error := task.exception()) is not None:  # a bug of ours: the caller's await raises it
+            log.error(
+                "call %s of %s failed in the executor", ticket.call.call_id, ticket.entry.name, exc_info=error
+            )
+            result, store = cancelled(ticket.call), False
+        else:
+            result = task.result()
+            store = storable(result)
+        self._record(ticket, result, time.perf_counter() - start, store)
 
     async def _limited(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
         tool_slots = self._tool_slots.get(ticket.entry.name)
@@ -294,11 +307,6 @@ class Executor:
             return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
         async with tool_slots:
             return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
-
-    def _finish(self, ticket: _Ticket, result: Result, start: float, store: bool) -> None:
-        if not ticket.inner:
-            self._admission.give_back(ticket.caller.tenant)
-        self._record(ticket, result, time.perf_counter() - start, store)
 
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
         """Time the result, keep it (idempotency store, result cache) and count it."""

@@ -40,7 +40,7 @@ class CallRecords:
         self._done: TTLStore[CallKey, tuple[Fingerprint, Result]] = TTLStore(
             config.idempotency.max_entries, config.idempotency.ttl_s, config.idempotency.max_bytes
         )
-        self._inflight: dict[CallKey, tuple[Fingerprint, asyncio.Future[Result]]] = {}
+        self._inflight: dict[CallKey, _InFlight] = {}
         self._cache: TTLStore[tuple[Any, ...], Result] | None = (
             TTLStore(config.cache.max_entries, config.cache.ttl_s, config.cache.max_bytes)
             if config.cache.enabled
@@ -71,9 +71,9 @@ class CallRecords:
             return done[1]
         running = self._inflight.get(key)
         if running is not None:
-            if running[0] != fingerprint:
+            if running.fingerprint != fingerprint:
                 return _reused(key[1])
-            return asyncio.shield(running[1])
+            return running.join()
         return None
 
     def cache_key(self, tenant: str, entry: ToolEntry, canonical: bytes) -> tuple[Any, ...] | None:
@@ -91,21 +91,47 @@ class CallRecords:
         self._metrics.cache_hits.inc()
         return dataclasses.replace(hit, call_id=call_id, cached=True, elapsed_ms=0.0)
 
-    def running(self, key: CallKey, fingerprint: Fingerprint, outcome: asyncio.Future[Result]) -> None:
-        """The call is under way: a retry of it joins ``outcome``."""
-        self._inflight[key] = (fingerprint, outcome)
+    def running(self, key: CallKey, fingerprint: Fingerprint) -> None:
+        """The call is under way: a retry of it joins it until ``keep`` tells how it ended."""
+        self._inflight[key] = _InFlight(fingerprint)
 
     def keep(
         self, key: CallKey, fingerprint: Fingerprint, cache_key: Any, result: Result, store: bool
     ) -> None:
-        """The call has ended: keep its result for retries (if ``store``) and in the cache."""
-        self._inflight.pop(key, None)
+        """The call has ended: hand its result to the retries that joined it, and keep it
+        for later ones (if ``store``) and in the cache."""
+        running = self._inflight.pop(key, None)
+        if running is not None and running.joiners:
+            for joiner in running.joiners:
+                if not joiner.done():  # a joiner cancelled meanwhile has gone
+                    joiner.set_result(result)
         cache = cache_key is not None and not result.is_error
         size = _approx_bytes(result) if store or cache else 0
         if store:
             self._done.put(key, (fingerprint, result), size)
         if cache:
             self._cache.put(cache_key, result, size)  # type: ignore[union-attr]
+
+
+class _InFlight:
+    """A call under way: what its call_id stands for, and the retries waiting for its result.
+
+    Each retry waits on a future of its own, resolved with the result however the call
+    ends (cancelled included): one joiner going away does not touch the others.
+    """
+
+    __slots__ = ("fingerprint", "joiners")
+
+    def __init__(self, fingerprint: Fingerprint) -> None:
+        self.fingerprint = fingerprint
+        self.joiners: list[asyncio.Future[Result]] | None = None
+
+    def join(self) -> asyncio.Future[Result]:
+        joiner: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+        if self.joiners is None:
+            self.joiners = []
+        self.joiners.append(joiner)
+        return joiner
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> bytes:

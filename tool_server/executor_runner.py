@@ -158,7 +158,11 @@ async def _close_quietly(session: SessionState, entry: ToolEntry) -> None:
 
 
 def cancelled(call: Call) -> Result:
-    return Result.failure(call.call_id, ErrorKind.CANCELLED, "the call was cancelled (server shutdown)")
+    return Result.failure(
+        call.call_id,
+        ErrorKind.CANCELLED,
+        "the call was cancelled (its caller went away, or the server stopped)",
+    )
 
 
 class _EscapedFromThread(Exception):

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from protocol import decode_results
+from protocol import Call, decode_results
+from tests.server import executor_fault_tools as fault_tools
 from tests.support.server import ServerProcess, running_server, server_config
 from tool_server.app import build_registry
 from tool_server.config import config_from_dict
@@ -58,3 +59,43 @@ def test_a_session_cleanup_that_raises_is_logged_not_a_500(srv):
     assert ready["in_flight"] == 0  # nothing stays admitted
     retried = httpx.post(srv.url + "/v1/calls", json={"calls": calls[:1]}, timeout=30)
     assert retried.status_code == 200 and decode_results(retried.content)[0].text == "done"
+
+
+def gate(tag: str) -> asyncio.Event:
+    return fault_tools.GATE.setdefault(tag, asyncio.Event())
+
+
+async def test_a_call_cancelled_before_its_first_step_gives_back_all_it_held():
+    executor = make_executor()
+    await executor.start()
+    first = asyncio.ensure_future(executor.run_one(Call("early", "held", {"tag": "early"}, session="s1")))
+    await asyncio.sleep(0)  # run_one has created the call's task; the task has not run yet
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    await settle()
+    assert executor.admitted == 0
+    gate("early").set()
+    # The session's turn was passed on, and the call_id is free for a retry.
+    later = await asyncio.wait_for(executor.run_one(Call("next", "held", {"tag": "early"}, session="s1")), 10)
+    retry = await asyncio.wait_for(
+        executor.run_one(Call("early", "held", {"tag": "early"}, session="s1")), 10
+    )
+    assert (later.text, retry.text) == ("early", "early")
+    assert executor.admitted == 0
+
+
+async def test_a_retry_that_joined_a_cancelled_call_gets_a_result_not_an_exception():
+    executor = make_executor()
+    await executor.start()
+    first = asyncio.ensure_future(executor.run_one(Call("joined", "one_at_a_time", {"tag": "joined"})))
+    await settle()  # the call runs, waiting at its gate
+    retry = asyncio.ensure_future(executor.run_batch([Call("joined", "one_at_a_time", {"tag": "joined"})]))
+    await settle()  # the retry has joined the running call
+    first.cancel()
+    (result,) = await asyncio.wait_for(retry, 10)
+    assert result.call_id == "joined" and result.error.kind == "cancelled"
+    assert executor.admitted == 0 and executor.running == 0
+    gate("joined").set()
+    again = await asyncio.wait_for(executor.run_one(Call("joined", "one_at_a_time", {"tag": "joined"})), 10)
+    assert again.text == "joined"  # a cancelled outcome is not kept: the retry runs
