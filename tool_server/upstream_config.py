@@ -18,9 +18,13 @@ __all__ = [
     "OPTION_KEYS",
     "HttpSpec",
     "StdioSpec",
+    "backoff",
+    "flag",
+    "interval",
     "parse_options",
     "parse_spec",
     "positive",
+    "text",
 ]
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
@@ -186,6 +190,37 @@ def positive(value: Any, where: str) -> float:
     return float(value)
 
 
+def interval(value: Any, where: str) -> float | None:
+    """Seconds between two probes, or None (null) for never."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ValueError(f"{where} must be a positive number of seconds or null, got {value!r}")
+    return float(value)
+
+
+def backoff(value: Any, where: str) -> tuple[float, float]:
+    """``[first, max]`` seconds between reconnects, with 0 < first <= max."""
+    numbers = isinstance(value, list | tuple) and len(value) == 2
+    numbers = numbers and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    if not numbers or not 0 < value[0] <= value[1]:
+        raise ValueError(f"{where} must be [first, max] seconds with 0 < first <= max, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def flag(value: Any, where: str) -> bool:
+    """A YAML boolean: "no" or "false" in quotes would otherwise read as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
+def text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {value!r}")
+    return value
+
+
 def parse_options(name: str, entry: dict[str, Any]) -> dict[str, Any]:
     """Our keys of one entry, plus what the clients' keys mean to us (``timeout``, ``disabledTools``)."""
     where = f"mcpServers.{name}"
@@ -200,9 +235,4 @@ def parse_options(name: str, entry: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{where}.disabledTools must be a list of tool names")
     if disabled_tools:
         options["disabled_tools"] = disabled_tools
-    if "restart_backoff" in options:
-        backoff = options["restart_backoff"]
-        if not isinstance(backoff, list | tuple) or len(backoff) != 2:
-            raise ValueError(f"{where}.restart_backoff must be [first, max] seconds, got {backoff!r}")
-        options["restart_backoff"] = tuple(backoff)
     return options

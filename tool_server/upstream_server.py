@@ -25,7 +25,16 @@ from mcp import Client
 
 from protocol import ErrorKind, Result, SessionState, ToolError
 from tool_server.upstream_calls import call_error, call_outcome, failure, request_meta
-from tool_server.upstream_config import HttpSpec, StdioSpec, parse_spec, positive
+from tool_server.upstream_config import (
+    HttpSpec,
+    StdioSpec,
+    backoff,
+    flag,
+    interval,
+    parse_spec,
+    positive,
+    text,
+)
 from tool_server.upstream_sessions import SessionPool
 from tool_server.upstream_stderr import StderrCapture
 from tool_server.upstream_tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamTool, build_catalog
@@ -98,26 +107,22 @@ class UpstreamServer:
         self.name = name
         self.label = f"upstream MCP server '{name}'"  # how messages name it
         self.spec = spec if isinstance(spec, StdioSpec | HttpSpec) else parse_spec(name, spec)
-        self.namespace = UNSAFE_NAME.sub("_", name) if namespace is None else namespace
-        self.separator = separator
+        where = f"mcpServers.{name}"
+        self.namespace = (
+            UNSAFE_NAME.sub("_", name) if namespace is None else text(namespace, f"{where}.namespace")
+        )
+        self.separator = text(separator, f"{where}.separator")
         self.prefix = f"{self.namespace}{separator}" if self.namespace else ""
         self._check_names()
-        self.call_timeout_s = positive(call_timeout_s, f"mcpServers.{name}.call_timeout_s")
-        self.connect_timeout_s = positive(connect_timeout_s, f"mcpServers.{name}.connect_timeout_s")
-        first, most = restart_backoff
-        if not 0 < first <= most:
-            raise ValueError(
-                f"restart_backoff must be (first, max) with 0 < first <= max, got {restart_backoff}"
-            )
-        self.restart_backoff = (float(first), float(most))
-        if health_interval_s is not None and health_interval_s <= 0:
-            raise ValueError(f"health_interval_s must be > 0 or None, got {health_interval_s}")
-        self.health_interval_s = health_interval_s
-        self.required = bool(required)
-        self.session_meta = bool(session_meta)
-        self._check_session_options(session_arg, per_session, max_sessions)
+        self.call_timeout_s = positive(call_timeout_s, f"{where}.call_timeout_s")
+        self.connect_timeout_s = positive(connect_timeout_s, f"{where}.connect_timeout_s")
+        self.restart_backoff = backoff(restart_backoff, f"{where}.restart_backoff")
+        self.health_interval_s = interval(health_interval_s, f"{where}.health_interval_s")
+        self.required = flag(required, f"{where}.required")
+        self.session_meta = flag(session_meta, f"{where}.session_meta")
+        self.per_session = flag(per_session, f"{where}.per_session")
+        self._check_session_options(session_arg, max_sessions)
         self.session_arg = session_arg
-        self.per_session = bool(per_session)
         self.max_sessions = int(max_sessions)
         self.disabled_tools = frozenset(disabled_tools)
         self.restart = restart
@@ -150,11 +155,11 @@ class UpstreamServer:
         if len(self.prefix) > MAX_NAME_LENGTH // 2:
             raise ValueError(f"{where}: namespace plus separator {self.prefix!r} is over 32 characters")
 
-    def _check_session_options(self, session_arg: Any, per_session: Any, max_sessions: Any) -> None:
+    def _check_session_options(self, session_arg: Any, max_sessions: Any) -> None:
         where = f"mcpServers.{self.name}"
         if session_arg is not None and (not isinstance(session_arg, str) or not session_arg):
             raise ValueError(f"{where}.session_arg must be an argument name, got {session_arg!r}")
-        if per_session and not isinstance(self.spec, StdioSpec):
+        if self.per_session and not isinstance(self.spec, StdioSpec):
             raise ValueError(f"{where}.per_session needs a stdio server (a command): a URL is one server")
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"{where}.max_sessions must be a positive integer, got {max_sessions!r}")

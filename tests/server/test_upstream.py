@@ -195,6 +195,26 @@ def test_load_upstreams_applies_overrides_and_skips_disabled() -> None:
         UpstreamServer("bad name", {"command": "x"})
 
 
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        ({"restart_backoff": ["1s", 5]}, "restart_backoff must be [first, max]"),
+        ({"restart_backoff": [5, 1]}, "restart_backoff must be [first, max]"),
+        ({"health_interval_s": "30"}, "health_interval_s must be a positive number of seconds or null"),
+        ({"namespace": 5}, "namespace must be a string"),
+        ({"separator": None}, "separator must be a string"),
+        ({"required": "no"}, "required must be true or false"),
+        ({"per_session": "false"}, "per_session must be true or false"),
+        ({"session_meta": 0}, "session_meta must be true or false"),
+    ],
+)
+def test_options_of_the_wrong_type_are_config_errors(option: dict[str, Any], needle: str) -> None:
+    # Before: a TypeError (a traceback, not a config error), or "no" read as true.
+    with pytest.raises(ValueError) as err:
+        load_upstreams({"t": {"command": "x", **option}})
+    assert f"mcpServers.t.{needle}" in str(err.value)
+
+
 # --------------------------------------------------------- a real PyPI MCP server
 
 
