@@ -12,7 +12,8 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
 * calls of stateful tools within one session run one at a time, in the order they
   arrive (batch order, then arrival order); different sessions run concurrently;
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;
-  waiting calls get free slots round-robin across tenants, and one tenant may hold at
+  waiting calls get free slots (global and per tool) round-robin across tenants, a call
+  waiting for its tool's slot holds no global one, and one tenant may hold at
   most ``limits.max_admitted_per_tenant`` admitted calls, so no tenant's backlog
   delays or locks out another's calls;
 * per-call timeouts that cancel the coroutine (sync tools run in worker threads
@@ -66,7 +67,7 @@ class Executor:
         self._admission = Admission(limits)
         self.running = 0
         self._slots = FairSlots(limits.max_concurrency)
-        self._tool_slots: dict[str, asyncio.Semaphore] = {}
+        self._tool_slots: dict[str, FairSlots] = {}  # tools with a limit of their own
         self._records = CallRecords(config, self.metrics)
         self._order = SessionOrder()
         self.sessions = SessionStore(config.sessions.ttl_s, config.sessions.max_sessions)
@@ -113,7 +114,7 @@ class Executor:
         """Start tools (load indexes, warm pools) and the session sweeper."""
         for entry in self.registry.entries.values():
             if entry.meta.max_concurrency:
-                self._tool_slots[entry.name] = asyncio.Semaphore(entry.meta.max_concurrency)
+                self._tool_slots[entry.name] = FairSlots(entry.meta.max_concurrency)
         started: set[int] = set()
         for entry in self.registry.entries.values():
             startup = getattr(entry.instance, "startup", None)
@@ -270,14 +271,26 @@ class Executor:
         return task
 
     async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        # Each wait comes before the slot it guards: waiting must not hold a slot.
         if ticket.turn is not None:
-            await ticket.turn.wait()  # before taking a slot: waiting must not hold one
+            await ticket.turn.wait()
+        tool_slots = self._tool_slots.get(ticket.entry.name)
+        if tool_slots is None:
+            return await self._in_slot(ticket, kwargs)
+        await tool_slots.acquire(ticket.caller.tenant)
+        try:
+            return await self._in_slot(ticket, kwargs)
+        finally:
+            tool_slots.release()
+
+    async def _in_slot(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+        """Run the call in one of the global slots (inner calls run in their parent's)."""
         if ticket.inner:
-            return await self._limited(ticket, kwargs)
+            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
         await self._slots.acquire(ticket.caller.tenant)
         self.running += 1
         try:
-            return await self._limited(ticket, kwargs)
+            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
         finally:
             self.running -= 1
             self._slots.release()
@@ -300,13 +313,6 @@ class Executor:
             result = task.result()
             store = storable(result)
         self._record(ticket, result, time.perf_counter() - start, store)
-
-    async def _limited(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
-        tool_slots = self._tool_slots.get(ticket.entry.name)
-        if tool_slots is None:
-            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
-        async with tool_slots:
-            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
 
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
         """Time the result, keep it (idempotency store, result cache) and count it."""

@@ -22,9 +22,13 @@ async def cleanup_fails(ctx: ToolContext) -> str:
     return "done"
 
 
+STARTED: list[str] = []  # call ids of one_at_a_time, in the order they started
+
+
 @tool(name="one_at_a_time", max_concurrency=1, timeout_s=30)
-async def one_at_a_time(tag: Annotated[str, "Which gate to wait for."]) -> str:
+async def one_at_a_time(ctx: ToolContext, tag: Annotated[str, "Which gate to wait for."]) -> str:
     """Waits until the test opens its gate; at most one runs at a time."""
+    STARTED.append(ctx.call_id)
     await GATE.setdefault(tag, asyncio.Event()).wait()
     return tag
 

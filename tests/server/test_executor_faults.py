@@ -19,7 +19,7 @@ from tests.server import executor_fault_tools as fault_tools
 from tests.support.server import ServerProcess, running_server, server_config
 from tool_server.app import build_registry
 from tool_server.config import config_from_dict
-from tool_server.executor import Executor
+from tool_server.executor import Caller, Executor
 
 TOOLS = [
     {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}
@@ -99,3 +99,34 @@ async def test_a_retry_that_joined_a_cancelled_call_gets_a_result_not_an_excepti
     gate("joined").set()
     again = await asyncio.wait_for(executor.run_one(Call("joined", "one_at_a_time", {"tag": "joined"})), 10)
     assert again.text == "joined"  # a cancelled outcome is not kept: the retry runs
+
+
+async def test_calls_waiting_for_a_tools_own_limit_hold_no_global_slot():
+    executor = make_executor(max_concurrency=2)
+    await executor.start()
+    calls = [Call(f"limited-{i}", "one_at_a_time", {"tag": "limited"}) for i in range(3)]
+    limited = asyncio.ensure_future(executor.run_batch(calls))
+    await settle()  # one runs (the tool allows one at a time), two wait for the tool
+    other = asyncio.ensure_future(executor.run_one(Call("other", "echo_async", {"text": "hi"})))
+    await settle()
+    assert other.done() and other.result().structured == {"text": "hi"}
+    gate("limited").set()
+    assert [r.text for r in await asyncio.wait_for(limited, 10)] == ["limited"] * 3
+
+
+async def test_a_tools_own_limit_is_shared_round_robin_across_tenants():
+    executor = make_executor(max_concurrency=8)
+    await executor.start()
+    a, b = Caller(tenant="A"), Caller(tenant="B")
+    fault_tools.STARTED.clear()
+    backlog = asyncio.ensure_future(
+        executor.run_batch([Call(f"a{i}", "one_at_a_time", {"tag": "shared"}) for i in range(4)], a)
+    )
+    await settle()
+    late = asyncio.ensure_future(executor.run_batch([Call("b0", "one_at_a_time", {"tag": "shared"})], b))
+    await settle()
+    gate("shared").set()
+    await asyncio.wait_for(asyncio.gather(backlog, late), 10)
+    # Round-robin between the tenants waiting for the tool: B's call waited for the call
+    # of A that held the tool and for A's next one (A was waiting first), not for A's backlog.
+    assert fault_tools.STARTED == ["a0", "a1", "b0", "a2", "a3"]
