@@ -57,9 +57,8 @@ class OutputShaper:
                 content = [{"type": "text", "text": self._cap(text)}]
             error = ErrorInfo(ErrorKind.TOOL_ERROR, _text_of(content)) if output.is_error else None
             return Result(call_id, content, structured, output.is_error, error)
-        if isinstance(output, Result):  # already shaped
-            output.call_id = call_id
-            return self.checked(output)
+        if isinstance(output, Result):  # already shaped; a copy: the tool may return it again
+            return self.checked(dataclasses.replace(output, call_id=call_id))
         if output is None:
             return Result(call_id, [{"type": "text", "text": ""}])
         if isinstance(output, VerifyResult):

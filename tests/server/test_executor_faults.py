@@ -130,3 +130,13 @@ async def test_a_tools_own_limit_is_shared_round_robin_across_tenants():
     # Round-robin between the tenants waiting for the tool: B's call waited for the call
     # of A that held the tool and for A's next one (A was waiting first), not for A's backlog.
     assert fault_tools.STARTED == ["a0", "a1", "b0", "a2", "a3"]
+
+
+async def test_a_result_object_the_tool_returns_again_keeps_each_calls_id():
+    executor = make_executor()
+    await executor.start()
+    first = await executor.run_one(Call("first", "constant_result", {"n": 1}))
+    second = await executor.run_one(Call("second", "constant_result", {"n": 2}))
+    (replay,) = await executor.run_batch([Call("first", "constant_result", {"n": 1})])
+    assert (first.call_id, second.call_id, replay.call_id) == ("first", "second", "first")
+    assert fault_tools.CONSTANT.call_id == "whatever"  # the tool's own object is left as it was
