@@ -88,7 +88,7 @@ class OutputShaper:
             return {"note": "structured output was not JSON-serialisable and was dropped"}, text
         if len(encoded) > self.max_structured_bytes:
             note = f"structured output of {len(encoded)} bytes exceeded the limit and was dropped"
-            return {"note": note}, encoded[: self.max_output_chars + 1].decode(errors="ignore")
+            return {"note": note}, encoded.decode()  # cut by _cap, whose marker tells the true length
         return value, encoded.decode()
 
     def _cap(self, text: str) -> str:

@@ -47,3 +47,9 @@ CONSTANT = Result("whatever", [{"type": "text", "text": "always the same object"
 async def constant_result(n: int = 0) -> Result:
     """Returns one shaped Result object on every call (a memoised answer)."""
     return CONSTANT
+
+
+@tool(name="wide_structured", timeout_s=10)
+async def wide_structured(items: int = 30_000) -> dict:
+    """Structured output of about 100 bytes of JSON per item."""
+    return {"items": ["x" * 96] * items}

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from protocol import Call, decode_results
@@ -23,7 +24,7 @@ from tool_server.executor import Caller, Executor
 
 TOOLS = [
     {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}
-    for name in ("cleanup_fails", "one_at_a_time", "held", "constant_result")
+    for name in ("cleanup_fails", "one_at_a_time", "held", "constant_result", "wide_structured")
 ]
 
 
@@ -155,3 +156,16 @@ def test_a_call_id_answered_from_the_cache_is_bound_to_its_call(srv):
     reused = post("from-cache", "2 + 2")
     assert reused.error.kind == "bad_request" and "already used" in reused.error.message
     assert post("from-cache", "6 * 7").structured == computed.structured
+
+
+def test_structured_output_over_its_limit_says_how_much_text_was_cut(srv):
+    call = {"call_id": "wide", "name": "wide_structured", "arguments": {"items": 30_000}}
+    response = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, timeout=30)
+    (result,) = decode_results(response.content)
+    total = len(orjson.dumps({"items": ["x" * 96] * 30_000}))  # ~3 MB: over max_structured_bytes
+    assert result.structured == {
+        "note": f"structured output of {total} bytes exceeded the limit and was dropped"
+    }
+    kept, marker = result.text.split("\n…[output truncated: ")
+    assert len(kept) == 32768  # limits.max_output_chars
+    assert marker == f"{total - 32768} of {total} characters omitted]"
