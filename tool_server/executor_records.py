@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from typing import Any
 
 import orjson
@@ -142,9 +143,29 @@ class _InFlight:
 def canonical_arguments(arguments: dict[str, Any]) -> bytes:
     """Arguments as canonical JSON (sorted keys): the cache key and the call fingerprint."""
     try:
-        return orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
-    except TypeError:  # only an agent tool's inner call can carry non-JSON values
-        return repr(sorted(arguments.items(), key=lambda kv: kv[0])).encode()
+        encoded = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # values JSON cannot hold: only an agent tool's inner call has them
+        return _spelled_out(arguments)
+    # orjson writes NaN and ±Infinity (MCP requests may carry them) as null: told apart here,
+    # or a call with null would replay one with NaN, and a cache hit answer it.
+    if b"null" in encoded and _has_non_finite(arguments):
+        return _spelled_out(arguments)
+    return encoded
+
+
+def _spelled_out(arguments: dict[str, Any]) -> bytes:
+    """Arguments as Python writes them (nan, inf and -inf apart), in key order."""
+    return repr(sorted(arguments.items(), key=lambda item: repr(item[0]))).encode()
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_non_finite(v) for v in value)
+    return False
 
 
 def storable(result: Result) -> bool:

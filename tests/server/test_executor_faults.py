@@ -21,6 +21,7 @@ from tests.support.server import ServerProcess, running_server, server_config
 from tool_server.app import build_registry
 from tool_server.config import config_from_dict
 from tool_server.executor import Caller, Executor
+from tool_server.executor_records import canonical_arguments
 
 TOOLS = [
     {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}
@@ -169,3 +170,48 @@ def test_structured_output_over_its_limit_says_how_much_text_was_cut(srv):
     kept, marker = result.text.split("\n…[output truncated: ")
     assert len(kept) == 32768  # limits.max_output_chars
     assert marker == f"{total - 32768} of {total} characters omitted]"
+
+
+MCP_HEADERS = {
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+    "MCP-Protocol-Version": "2026-07-28",
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "sleep",
+}
+MCP_META = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "toolfactory/call_id": "non-finite",
+}
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_arguments_are_not_taken_for_null(srv, number):
+    # MCP requests are parsed by pydantic, which reads NaN and Infinity; JSON has no
+    # spelling for them, and encoded for the call's fingerprint they all read null.
+    def call(seconds: str) -> dict[str, Any]:
+        meta = {**MCP_META, "toolfactory/call_id": f"non-finite-{number}"}
+        body = (
+            '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "sleep", '
+            f'"arguments": {{"seconds": {seconds}}}, "_meta": {orjson.dumps(meta).decode()}}}}}'
+        )
+        response = httpx.post(srv.url + "/mcp/test", content=body, headers=MCP_HEADERS, timeout=30)
+        assert response.status_code == 200, response.text
+        return response.json()["result"]
+
+    first = call(number)
+    assert first["isError"] and first["_meta"]["toolfactory"]["error_kind"] == "invalid_arguments"
+    other = call("null")  # another call under the same id
+    assert other["isError"] and other["_meta"]["toolfactory"]["error_kind"] == "bad_request"
+    assert "already used" in other["content"][0]["text"]
+
+
+def test_canonical_arguments_ignore_key_order_and_keep_every_value_apart():
+    assert canonical_arguments({"b": 1, "a": {"y": "é", "x": [1.5]}}) == canonical_arguments(
+        {"a": {"x": [1.5], "y": "é"}, "b": 1}
+    )
+    values = [None, float("nan"), float("inf"), float("-inf"), 0, 0.0, -0.0, "0", "é", "e\u0301"]
+    keys = {canonical_arguments({"x": {"deep": [value]}}) for value in values}
+    assert len(keys) == len(values)
