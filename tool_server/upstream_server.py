@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -444,33 +445,43 @@ class UpstreamServer:
     async def _connect_and_serve(self) -> float | None:
         """One connection's life; returns how long it was up (None if it never came up)."""
         wake = self._wake = anyio.Event()
-        up_since: float | None = None
+        # One deadline for the handshake and the tool listing together: the SDK's own
+        # read timeouts apply per request (and its server/discover probe waits 10 s).
+        handshake = anyio.CancelScope(deadline=anyio.current_time() + self.connect_timeout_s)
         try:
-            transport = self._transport(lambda: self._lost("the connection ended (process exited?)"))
-            async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as client:
-                changed = await self._load_tools(client)
-                self._protocol_version = client.protocol_version
-                self._client = client
-                self._connected_at = up_since = time.monotonic()
-                if self._stderr is not None:
-                    self._stderr.mark()  # what it said while starting is not news later
-                self._state = "ready"
-                self._signal_attempted()
-                logger.info("upstream %s ready (%d tools)", self.name, len(self._catalog))
-                if changed:
-                    self._tools_changed()
-                await self._watch(client, wake)
+            with handshake:
+                await self._connect(handshake, wake)
+            if handshake.cancelled_caught:
+                raise TimeoutError
         except Exception as exc:  # every failure becomes last_error; the loop retries
             if not self._stopping:
                 self._last_error = self._describe(exc)
                 logger.warning("upstream %s: %s", self.name, self._last_error)
         finally:
+            up_since, self._connected_at = self._connected_at, None
             self._client = None
-            self._connected_at = None
             if self._state == "ready":
                 self._state = "restarting" if self.restart else "exited"
             self._signal_attempted()
         return None if up_since is None else time.monotonic() - up_since
+
+    async def _connect(self, handshake: anyio.CancelScope, wake: anyio.Event) -> None:
+        """Connect, list the tools, serve calls until the connection ends (``wake``)."""
+        transport = self._transport(lambda: self._lost("the connection ended (process exited?)"))
+        async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as client:
+            changed = await self._load_tools(client)
+            handshake.deadline = math.inf  # up: the rest of the connection's life has no deadline
+            self._protocol_version = client.protocol_version
+            self._client = client
+            self._connected_at = time.monotonic()
+            if self._stderr is not None:
+                self._stderr.mark()  # what it said while starting is not news later
+            self._state = "ready"
+            self._signal_attempted()
+            logger.info("upstream %s ready (%d tools)", self.name, len(self._catalog))
+            if changed:
+                self._tools_changed()
+            await self._watch(client, wake)
 
     async def _watch(self, client: Client, wake: anyio.Event) -> None:
         """Wait for the connection to end; meanwhile probe it now and then.
