@@ -39,7 +39,7 @@ from typing import Any
 import anyio
 import pydantic
 
-from protocol import Call, ErrorKind, Result, VerifyRequest, VerifyResult, new_call_id
+from protocol import Call, ErrorKind, Result, SessionState, VerifyRequest, VerifyResult, new_call_id
 from protocol.messages import ErrorInfo
 from tool_server.config import Config
 from tool_server.executor_admission import ANONYMOUS, Admission, Caller, Overloaded
@@ -175,9 +175,12 @@ class Executor:
         outcome = self._start(call, caller)
         return outcome if isinstance(outcome, Result) else await outcome
 
-    async def run_inner(self, call: Call, caller: Caller) -> Result:
-        """An agent tool's inner call: same checks, but no global slot (avoids self-deadlock)."""
-        outcome = self._start(call, caller, inner=True)
+    async def run_inner(self, call: Call, caller: Caller, lent: SessionState | None = None) -> Result:
+        """An agent tool's inner call: same checks, but no global slot (avoids self-deadlock).
+
+        ``lent``: the agent call's throwaway session, which the inner call runs in.
+        """
+        outcome = self._start(call, caller, inner=True, lent=lent)
         return outcome if isinstance(outcome, Result) else await outcome
 
     async def verify_batch(
@@ -199,7 +202,12 @@ class Executor:
 
     # ----------------------------------------------------------------- internals
     def _start(
-        self, call: Call, caller: Caller, inner: bool = False, prepared: dict[str, Any] | None = None
+        self,
+        call: Call,
+        caller: Caller,
+        inner: bool = False,
+        prepared: dict[str, Any] | None = None,
+        lent: SessionState | None = None,
     ) -> Result | asyncio.Future[Result]:
         """Answer from storage, reject, or start the call: a Result now, or a future of one.
 
@@ -255,9 +263,9 @@ class Executor:
         if entry.meta.stateful and call.session is not None and not inner:
             # Inner calls run inside their parent's turn: queueing them behind it would deadlock.
             turn = self._order.take((caller.tenant, call.session))
-        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn)
+        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn, lent)
         if entry.inline:
-            result, elapsed = self._runner.run_inline(call, entry, caller, kwargs)
+            result, elapsed = self._runner.run_inline(call, entry, caller, kwargs, lent)
             self._record(ticket, result, elapsed, store=storable(result))
             return result
         if not inner:
@@ -286,11 +294,11 @@ class Executor:
     async def _in_slot(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
         """Run the call in one of the global slots (inner calls run in their parent's)."""
         if ticket.inner:
-            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
+            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs, ticket.lent)
         await self._slots.acquire(ticket.caller.tenant)
         self.running += 1
         try:
-            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs)
+            return await self._runner.run(ticket.call, ticket.entry, ticket.caller, kwargs, None)
         finally:
             self.running -= 1
             self._slots.release()
@@ -335,6 +343,7 @@ class _Ticket:
     cache_key: Any
     inner: bool
     turn: Turn | None = None
+    lent: SessionState | None = None  # an inner call's: its agent call's throwaway session
 
 
 def unknown_tool_message(name: str, names: Iterable[str]) -> str:

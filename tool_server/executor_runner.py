@@ -29,23 +29,33 @@ __all__ = ["CallContext", "CallRunner", "cancelled"]
 log = logging.getLogger(__name__)
 INLINE_WARN_S = 0.2  # a non-blocking tool that takes longer than this is reported (once)
 
-RunInner = Callable[[Call, Caller], Awaitable[Result]]
+# An agent tool's inner call, with the session object it lends (a throwaway one) or None.
+RunInner = Callable[[Call, Caller, SessionState | None], Awaitable[Result]]
 
 
 class CallContext:
-    """The ToolContext handed to tools that ask for one."""
+    """The ToolContext handed to tools that ask for one.
 
-    __slots__ = ("_run_inner", "_caller", "call_id", "session")
+    Inner calls run in the same session: a stored one by its id, a throwaway one (not in
+    the session store, so not to be opened by id) lent as it is.
+    """
 
-    def __init__(self, run_inner: RunInner, call_id: str, session: SessionState | None, caller: Caller):
+    __slots__ = ("_run_inner", "_caller", "_throwaway", "call_id", "session")
+
+    def __init__(
+        self, run_inner: RunInner, call_id: str, session: SessionState | None, caller: Caller, throwaway: bool
+    ) -> None:
         self._run_inner = run_inner
         self._caller = caller
+        self._throwaway = throwaway
         self.call_id = call_id
         self.session = session
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Result:
+        if self._throwaway:
+            return await self._run_inner(Call(new_call_id(), name, arguments), self._caller, self.session)
         inner = Call(new_call_id(), name, arguments, self.session.id if self.session else None)
-        return await self._run_inner(inner, self._caller)
+        return await self._run_inner(inner, self._caller, None)
 
 
 class CallRunner:
@@ -64,7 +74,7 @@ class CallRunner:
         self._overran: set[str] = set()  # non-blocking tools reported for overrunning
 
     def run_inline(
-        self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any]
+        self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any], lent: SessionState | None
     ) -> tuple[Result, float]:
         """A bounded, non-blocking sync tool called right here, without a task or thread:
         its result and how long it took.
@@ -75,7 +85,7 @@ class CallRunner:
         """
         start = time.perf_counter()
         try:
-            kwargs, _ = self._prepare(call, entry, caller, kwargs, None)
+            kwargs, _ = self._prepare(call, entry, caller, kwargs, lent)
             result = self.shaper.to_result(call.call_id, entry.func(**kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
@@ -91,12 +101,20 @@ class CallRunner:
             )
         return result, elapsed
 
-    async def run(self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any]) -> Result:
-        """Call the tool under its timeout; a Result whatever happens, unless cancelled."""
-        ephemeral = SessionState(new_call_id()) if entry.meta.stateful and call.session is None else None
+    async def run(
+        self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any], lent: SessionState | None
+    ) -> Result:
+        """Call the tool under its timeout; a Result whatever happens, unless cancelled.
+
+        ``lent``: the throwaway session of the agent call this inner call comes from. A
+        stateful call with neither that nor a session id gets a throwaway one of its own.
+        """
+        ephemeral = None
+        if lent is None and entry.meta.stateful and call.session is None:
+            ephemeral = SessionState(new_call_id())
         session: SessionState | None = None
         try:
-            kwargs, session = self._prepare(call, entry, caller, kwargs, ephemeral)
+            kwargs, session = self._prepare(call, entry, caller, kwargs, lent or ephemeral)
             if entry.upstream is not None:  # the session carries per-trajectory upstream state
                 return self.shaper.checked(await entry.func(call, entry.meta.timeout_s, session))
             timeout = min(entry.meta.timeout_s, self.max_timeout_s)
@@ -145,7 +163,10 @@ class CallRunner:
         session_id = call.session or (request.session if request is not None else None)
         session = self.sessions.open(caller.tenant, session_id) if session_id else fallback
         if entry.context_param is not None:
-            kwargs[entry.context_param] = CallContext(self._run_inner, call.call_id, session, caller)
+            throwaway = session is not None and session is fallback
+            kwargs[entry.context_param] = CallContext(
+                self._run_inner, call.call_id, session, caller, throwaway
+            )
         return kwargs, session
 
 

@@ -53,3 +53,19 @@ async def constant_result(n: int = 0) -> Result:
 async def wide_structured(items: int = 30_000) -> dict:
     """Structured output of about 100 bytes of JSON per item."""
     return {"items": ["x" * 96] * items}
+
+
+@tool(name="jot", stateful=True, timeout_s=5)
+async def jot(ctx: ToolContext, line: str) -> dict:
+    """Adds a line to the session's notes; returns them all."""
+    notes = ctx.session.data.setdefault("notes", [])
+    notes.append(line)
+    return {"notes": list(notes)}
+
+
+@tool(name="jotting_agent", stateful=True, timeout_s=5)
+async def jotting_agent(ctx: ToolContext) -> dict:
+    """Jots a line itself, then has the jot tool add one in the same session."""
+    ctx.session.data.setdefault("notes", []).append("outer")
+    inner = await ctx.call("jot", {"line": "inner"})
+    return {"inner": inner.structured, "session": ctx.session.id}

@@ -25,7 +25,15 @@ from tool_server.executor_records import canonical_arguments
 
 TOOLS = [
     {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}
-    for name in ("cleanup_fails", "one_at_a_time", "held", "constant_result", "wide_structured")
+    for name in (
+        "cleanup_fails",
+        "one_at_a_time",
+        "held",
+        "constant_result",
+        "wide_structured",
+        "jot",
+        "jotting_agent",
+    )
 ]
 
 
@@ -215,3 +223,14 @@ def test_canonical_arguments_ignore_key_order_and_keep_every_value_apart():
     values = [None, float("nan"), float("inf"), float("-inf"), 0, 0.0, -0.0, "0", "é", "e\u0301"]
     keys = {canonical_arguments({"x": {"deep": [value]}}) for value in values}
     assert len(keys) == len(values)
+
+
+async def test_inner_calls_of_a_call_without_a_session_share_its_throwaway_one():
+    executor = make_executor()
+    await executor.start()
+    results = await executor.run_batch([Call(f"agent-{i}", "jotting_agent", {}) for i in range(3)])
+    assert [r.structured["inner"] for r in results] == [{"notes": ["outer", "inner"]}] * 3
+    # The throwaway sessions went with their calls: none was opened in the session store.
+    assert len(executor.sessions) == 0
+    with_session = await executor.run_one(Call("agent-s", "jotting_agent", {}, session="kept"))
+    assert with_session.structured["inner"] == {"notes": ["outer", "inner"]} and len(executor.sessions) == 1
