@@ -1,10 +1,9 @@
-"""One supervised connection to an upstream MCP server (stdio or streamable HTTP).
+"""One upstream MCP server (stdio or streamable HTTP) as the rest of the server sees it.
 
-``UpstreamServer`` owns one connection through the official MCP SDK client. A
-supervisor task keeps it alive: a stdio subprocess that dies (or an HTTP upstream
-that stops answering) is reconnected with exponential backoff, and calls made while
-it is down fail fast with ``unavailable`` instead of queueing. ``call`` never raises
-and never outlives its timeout, so one broken upstream cannot stall a batch.
+``UpstreamServer`` holds its settings and tool catalog, and calls its tools. Its
+connection is kept alive by a ``Supervisor`` (``upstream_supervisor``): calls made
+while it is down fail fast with ``unavailable`` instead of queueing. ``call`` never
+raises and never outlives its timeout, so one broken upstream cannot stall a batch.
 
 The trajectory's session reaches the upstream in ``_meta``, in a named argument
 (``session_arg``), or as a process of its own (``per_session``, ``upstream_sessions``).
@@ -13,16 +12,13 @@ The trajectory's session reaches the upstream in ``_meta``, in a named argument
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import re
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TextIO
+from typing import Any, TextIO
 
 import anyio
-from mcp import Client
 
 from protocol import ErrorKind, Result, SessionState, ToolError
 from tool_server.upstream_calls import call_error, call_outcome, failure, request_meta
@@ -37,20 +33,16 @@ from tool_server.upstream_config import (
     text,
 )
 from tool_server.upstream_sessions import SessionPool
-from tool_server.upstream_stderr import StderrCapture
+from tool_server.upstream_supervisor import State, Supervisor
 from tool_server.upstream_tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamTool, build_catalog
-from tool_server.upstream_transport import describe_failure, open_transport
 
-__all__ = ["DEFAULT_SEPARATOR", "State", "UpstreamServer"]
+__all__ = ["DEFAULT_SEPARATOR", "UpstreamServer"]
 
 logger = logging.getLogger("tool_server.upstream")
 
-State = Literal["stopped", "starting", "ready", "restarting", "exited"]
 
 DEFAULT_SEPARATOR = "__"
 _SERVER_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
-_MAX_LIST_PAGES = 100
-_STOP_TIMEOUT_S = 10.0  # the SDK's own shutdown (close stdin, SIGTERM, SIGKILL) fits in this
 
 
 class UpstreamServer:
@@ -127,24 +119,13 @@ class UpstreamServer:
         self.max_sessions = int(max_sessions)
         self.disabled_tools = frozenset(disabled_tools)
         self.restart = restart
-        self._errlog = errlog
+        self.errlog = errlog
         # Called (on the event loop) whenever the tool list changes: Upstreams syncs the registry.
         self.on_tools_changed: Callable[[UpstreamServer], None] | None = None
 
-        self._state: State = "stopped"
-        self._restarts = 0
-        self._last_error: str | None = None
-        self._connected_at: float | None = None
-        self._protocol_version: str | None = None
-        self._client: Client | None = None
         self._catalog: list[UpstreamTool] = []
         self._upstream_names: dict[str, str] = {}  # local (exported, no namespace) name -> upstream name
-        self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._wake: anyio.Event | None = None
-        self._attempted = asyncio.Event()
-        self._cancel_scope: anyio.CancelScope | None = None  # made in start(): it needs the event loop
-        self._stderr: StderrCapture | None = None
+        self._link = Supervisor(self)
         self._pool = SessionPool(self, self.max_sessions) if self.per_session else None
 
     def _check_names(self) -> None:
@@ -173,15 +154,15 @@ class UpstreamServer:
 
     @property
     def healthy(self) -> bool:
-        return self._state == "ready"
+        return self._link.state == "ready"
 
     @property
     def state(self) -> State:
-        return self._state
+        return self._link.state
 
     @property
     def last_error(self) -> str | None:
-        return self._last_error
+        return self._link.last_error
 
     @property
     def stateful(self) -> bool:
@@ -209,17 +190,18 @@ class UpstreamServer:
 
     def status(self) -> dict[str, Any]:
         """For /readyz and /metrics."""
+        up_since = self._link.connected_at
         status = {
             "name": self.name,
             "transport": self.transport,
-            "state": self._state,
+            "state": self._link.state,
             "healthy": self.healthy,
             "required": self.required,
-            "restarts": self._restarts,
-            "last_error": self._last_error,
+            "restarts": self._link.restarts,
+            "last_error": self._link.last_error,
             "tools": len(self._catalog),
-            "protocol_version": self._protocol_version,
-            "uptime_s": round(time.monotonic() - self._connected_at, 3) if self._connected_at else None,
+            "protocol_version": self._link.protocol_version,
+            "uptime_s": round(time.monotonic() - up_since, 3) if up_since is not None else None,
         }
         if self._pool is not None:
             status["sessions"] = len(self._pool)
@@ -228,28 +210,24 @@ class UpstreamServer:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` ran and ``stop`` did not since."""
+        return self._link.started
+
     async def start(self, *, wait: bool = True) -> None:
         """Launch the supervisor; with ``wait``, wait (bounded) for the first connection attempt.
 
         Returns even if the upstream could not be reached: ``healthy`` is then False,
         ``last_error`` says why, and the supervisor keeps retrying in the background.
         """
-        if self._task is None:
-            self._stopping = False
-            self._attempted = asyncio.Event()
-            self._cancel_scope = anyio.CancelScope()
-            self._state = "starting"
-            self._task = asyncio.get_running_loop().create_task(
-                self._supervise(), name=f"upstream:{self.name}"
-            )
+        self._link.start()
         if wait:
             await self.wait_attempted(self.connect_timeout_s + 5)
 
     async def wait_attempted(self, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until the first connection attempt ended, either way."""
-        with anyio.move_on_after(timeout_s):
-            await self._attempted.wait()
-        return self._attempted.is_set()
+        return await self._link.wait_attempted(timeout_s)
 
     async def stop(self) -> None:
         """Close the connection (and the subprocess) and every per-session instance.
@@ -258,24 +236,8 @@ class UpstreamServer:
         shutdown still ends the process (close stdin, then SIGTERM, then SIGKILL).
         Idempotent.
         """
-        task, self._task = self._task, None
-        waits = [self._pool.stop()] if self._pool is not None else []
-        if task is not None:
-            self._stopping = True
-            if self._cancel_scope is not None:
-                self._cancel_scope.cancel()
-            waits.append(self._reap(task))
+        waits = [self._link.stop()] + ([self._pool.stop()] if self._pool is not None else [])
         await asyncio.gather(*waits, return_exceptions=True)
-        self._state = "stopped"
-        self._client = None
-
-    async def _reap(self, task: asyncio.Task[None]) -> None:
-        done, _ = await asyncio.wait({task}, timeout=_STOP_TIMEOUT_S)
-        if not done:  # a transport that ignores its own shutdown bounds: cut it off
-            logger.warning("upstream %s did not stop within %g s; cancelling it", self.name, _STOP_TIMEOUT_S)
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
 
     async def __aenter__(self) -> UpstreamServer:
         await self.start()
@@ -323,10 +285,10 @@ class UpstreamServer:
         meta: dict[str, Any] | None,
         started: float,
     ) -> Result:
-        client = self._client
-        if client is None or self._state != "ready":
-            why = f" (last error: {self._last_error})" if self._last_error else ""
-            message = f"{self.label} is {self._state}{why}; retry later"
+        client = self._link.client
+        if client is None or not self.healthy:
+            why = f" (last error: {self.last_error})" if self.last_error else ""
+            message = f"{self.label} is {self.state}{why}; retry later"
             return failure(call_id, ErrorKind.UNAVAILABLE, message, started)
         upstream_name = self._upstream_names.get(name)
         if upstream_name is None:
@@ -352,16 +314,11 @@ class UpstreamServer:
                 deadline=deadline,
             )
             if error.lost is not None:
-                self._lost(error.lost)
+                self._link.lost(error.lost)
             return failure(call_id, error.kind, error.message, started)
         return call_outcome(raw, call_id, started)
 
     # --------------------------------------------------------- per-session pool
-
-    @property
-    def started(self) -> bool:
-        """Whether ``start`` ran and ``stop`` did not since."""
-        return self._task is not None
 
     def spawn_instance(self) -> UpstreamServer:
         """A new, unstarted instance of this server for one session (``per_session``)."""
@@ -375,164 +332,27 @@ class UpstreamServer:
             health_interval_s=None,
             disabled_tools=self.disabled_tools,
             restart=False,  # a restarted process would be a fresh world: the session's state is gone
-            errlog=self._errlog,
+            errlog=self.errlog,
         )
         instance.session_meta = False  # the parent sets _meta and arguments
         instance.label = f"this session's instance of {self.label}"
         return instance
 
-    # ----------------------------------------------------------------- supervisor
+    # ------------------------------------------------------------------ tool list
 
-    def _lost(self, reason: str) -> None:
-        """The connection is gone (or unusable): stop taking calls and let the supervisor reconnect."""
-        if self._state == "ready" and not self._stopping:
-            self._state = "restarting" if self.restart else "exited"
-            self._last_error = self._with_stderr(reason)
-            logger.warning("upstream %s lost: %s", self.name, self._last_error)
-        if self._wake is not None:
-            self._wake.set()
+    def apply_tools(self, listed: list[dict[str, Any]]) -> bool:
+        """Take the upstream's ``tools/list`` (the supervisor's); returns whether the catalog changed."""
+        catalog = build_catalog(self, listed)
+        changed = catalog != self._catalog
+        self._catalog = catalog
+        self._upstream_names = {tool.local: tool.upstream_name for tool in catalog}
+        return changed
 
-    def _with_stderr(self, message: str) -> str:
-        tail = self._stderr.excerpt() if self._stderr is not None else ""
-        return f"{message}; stderr: {tail}" if tail else message
-
-    def _transport(self, on_end: Callable[[], None]) -> Any:
-        errlog = self._errlog
-        if isinstance(self.spec, StdioSpec) and errlog is None:
-            if self._stderr is not None:
-                self._stderr.close()
-            self._stderr = StderrCapture()
-            errlog = self._stderr.file
-        return open_transport(
-            self.spec,
-            on_end,
-            errlog=errlog,
-            connect_timeout_s=self.connect_timeout_s,
-            call_timeout_s=self.call_timeout_s,
-        )
-
-    def _describe(self, exc: BaseException) -> str:
-        stderr = self._stderr.excerpt() if self._stderr is not None else ""
-        return describe_failure(exc, self.name, self.spec, self.connect_timeout_s, stderr)
-
-    async def _supervise(self) -> None:
-        delay = self.restart_backoff[0]
-        first = True
-        try:
-            with self._cancel_scope or anyio.CancelScope():
-                while not self._stopping:
-                    if not first:
-                        self._restarts += 1
-                    first = False
-                    uptime = await self._connect_and_serve()
-                    if self._stopping or not self.restart:
-                        break
-                    if uptime is not None and uptime >= self.restart_backoff[1]:
-                        delay = self.restart_backoff[0]
-                    self._state = "restarting"
-                    wake = self._wake = anyio.Event()
-                    with anyio.move_on_after(delay):
-                        await wake.wait()
-                    delay = min(delay * 2, self.restart_backoff[1])
-        finally:
-            self._client = None
-            self._state = "stopped" if self._stopping or self.restart else "exited"
-            self._signal_attempted()
-            if self._stderr is not None:
-                self._stderr.close()
-                self._stderr = None
-
-    async def _connect_and_serve(self) -> float | None:
-        """One connection's life; returns how long it was up (None if it never came up)."""
-        wake = self._wake = anyio.Event()
-        # One deadline for the handshake and the tool listing together: the SDK's own
-        # read timeouts apply per request (and its server/discover probe waits 10 s).
-        handshake = anyio.CancelScope(deadline=anyio.current_time() + self.connect_timeout_s)
-        try:
-            with handshake:
-                await self._connect(handshake, wake)
-            if handshake.cancelled_caught:
-                raise TimeoutError
-        except Exception as exc:  # every failure becomes last_error; the loop retries
-            if not self._stopping:
-                self._last_error = self._describe(exc)
-                logger.warning("upstream %s: %s", self.name, self._last_error)
-        finally:
-            up_since, self._connected_at = self._connected_at, None
-            self._client = None
-            if self._state == "ready":
-                self._state = "restarting" if self.restart else "exited"
-            self._signal_attempted()
-        return None if up_since is None else time.monotonic() - up_since
-
-    async def _connect(self, handshake: anyio.CancelScope, wake: anyio.Event) -> None:
-        """Connect, list the tools, serve calls until the connection ends (``wake``)."""
-        transport = self._transport(lambda: self._lost("the connection ended (process exited?)"))
-        async with Client(transport, read_timeout_seconds=self.connect_timeout_s) as client:
-            changed = await self._load_tools(client)
-            handshake.deadline = math.inf  # up: the rest of the connection's life has no deadline
-            self._protocol_version = client.protocol_version
-            self._client = client
-            self._connected_at = time.monotonic()
-            if self._stderr is not None:
-                self._stderr.mark()  # what it said while starting is not news later
-            self._state = "ready"
-            self._signal_attempted()
-            logger.info("upstream %s ready (%d tools)", self.name, len(self._catalog))
-            if changed:
-                self._tools_changed()
-            await self._watch(client, wake)
-
-    async def _watch(self, client: Client, wake: anyio.Event) -> None:
-        """Wait for the connection to end; meanwhile probe it now and then.
-
-        A dead stdio process shows itself by closing its stdout, but a hung one or an HTTP
-        server that went away while idle does not: a periodic ``tools/list`` finds both,
-        and also picks up a changed tool list (pushed to the registry at once).
-        """
-        if self.health_interval_s is None:
-            await wake.wait()
-            return
-        probe_timeout = min(self.connect_timeout_s, self.call_timeout_s)
-        while not wake.is_set():
-            with anyio.move_on_after(self.health_interval_s):
-                await wake.wait()
-            if wake.is_set():
-                return
-            try:
-                with anyio.fail_after(probe_timeout):
-                    changed = await self._load_tools(client, refresh=True)
-            except TimeoutError:
-                self._lost(f"health check failed: no answer to tools/list within {probe_timeout:g} s")
-            except Exception as exc:  # any failure of the probe means the connection is not usable
-                self._lost(f"health check failed: {self._describe(exc)}")
-            else:
-                if changed:
-                    self._tools_changed()
-
-    def _signal_attempted(self) -> None:
-        self._attempted.set()
-
-    def _tools_changed(self) -> None:
+    def tools_changed(self) -> None:
+        """Tell ``on_tools_changed`` (Upstreams: the registry follows)."""
         if self.on_tools_changed is None:
             return
         try:
             self.on_tools_changed(self)
         except Exception:  # the registry's trouble must not take the connection down
             logger.exception("upstream %s: applying its new tool list failed", self.name)
-
-    async def _load_tools(self, client: Client, *, refresh: bool = False) -> bool:
-        """Fetch the tool list; returns whether it changed."""
-        listed: list[dict[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(_MAX_LIST_PAGES):
-            page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
-            listed += [tool.model_dump(by_alias=True, exclude_none=True) for tool in page.tools]
-            cursor = page.next_cursor
-            if cursor is None:
-                break
-        catalog = build_catalog(self, listed)
-        changed = catalog != self._catalog
-        self._catalog = catalog
-        self._upstream_names = {tool.local: tool.upstream_name for tool in catalog}
-        return changed

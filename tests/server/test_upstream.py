@@ -536,7 +536,7 @@ def test_registry_follows_the_upstream_tool_lists() -> None:
         server._catalog = build_catalog(
             server, [{"name": n, "inputSchema": {"type": "object"}} for n in names]
         )
-        server._tools_changed()
+        server.tools_changed()
 
     registry = Registry()
     registry.add(ToolEntry("files__mine", ToolMeta(), "", {}, None, dict, print, False, toolsets={"default"}))

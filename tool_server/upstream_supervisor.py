@@ -1,0 +1,243 @@
+"""Keeps one upstream's connection alive: connect, list its tools, watch, reconnect with backoff.
+
+A stdio process that dies shows itself by closing its stdout; a hung one, or an HTTP
+server gone while idle, by failing the periodic ``tools/list`` probe. Either way the
+connection is dropped and made again after a backoff that doubles on each failure.
+The handshake and the first listing share one deadline (``connect_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from mcp import Client
+
+from tool_server.upstream_config import StdioSpec
+from tool_server.upstream_stderr import StderrCapture
+from tool_server.upstream_transport import describe_failure, open_transport
+
+if TYPE_CHECKING:
+    from tool_server.upstream_server import UpstreamServer
+
+__all__ = ["State", "Supervisor"]
+
+logger = logging.getLogger("tool_server.upstream")
+
+State = Literal["stopped", "starting", "ready", "restarting", "exited"]
+
+_MAX_LIST_PAGES = 100
+_STOP_TIMEOUT_S = 10.0  # the SDK's own shutdown (close stdin, SIGTERM, SIGKILL) fits in this
+
+
+class Supervisor:
+    """The connection of ``server`` (its settings, its tool list) and the task that keeps it up."""
+
+    def __init__(self, server: UpstreamServer) -> None:
+        self.server = server
+        self.state: State = "stopped"
+        self.restarts = 0
+        self.last_error: str | None = None
+        self.connected_at: float | None = None
+        self.protocol_version: str | None = None
+        self.client: Client | None = None  # set while the connection is up
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._wake: anyio.Event | None = None  # set when the current connection (or backoff) should end
+        self._attempted = asyncio.Event()
+        self._cancel_scope: anyio.CancelScope | None = None  # made in start(): it needs the event loop
+        self._stderr: StderrCapture | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
+    def start(self) -> None:
+        """Launch the supervising task (once; again after ``stop``)."""
+        if self._task is not None:
+            return
+        self._stopping = False
+        self._attempted = asyncio.Event()
+        self._cancel_scope = anyio.CancelScope()
+        self.state = "starting"
+        self._task = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"upstream:{self.server.name}"
+        )
+
+    async def wait_attempted(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the first connection attempt ended, either way."""
+        with anyio.move_on_after(timeout_s):
+            await self._attempted.wait()
+        return self._attempted.is_set()
+
+    async def stop(self) -> None:
+        """End the task, the connection and the subprocess; prompt even mid-handshake."""
+        task, self._task = self._task, None
+        if task is not None:
+            self._stopping = True
+            if self._cancel_scope is not None:
+                self._cancel_scope.cancel()
+            await self._reap(task)
+        self.state = "stopped"
+        self.client = None
+
+    def lost(self, reason: str) -> None:
+        """The connection is gone (or unusable): stop taking calls and reconnect."""
+        if self.state == "ready" and not self._stopping:
+            self.state = "restarting" if self.server.restart else "exited"
+            self.last_error = self._with_stderr(reason)
+            logger.warning("upstream %s lost: %s", self.server.name, self.last_error)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _reap(self, task: asyncio.Task[None]) -> None:
+        done, _ = await asyncio.wait({task}, timeout=_STOP_TIMEOUT_S)
+        if not done:  # a transport that ignores its own shutdown bounds: cut it off
+            logger.warning(
+                "upstream %s did not stop within %g s; cancelling it", self.server.name, _STOP_TIMEOUT_S
+            )
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _supervise(self) -> None:
+        shortest, longest = self.server.restart_backoff
+        delay = shortest
+        first = True
+        try:
+            with self._cancel_scope or anyio.CancelScope():
+                while not self._stopping:
+                    if not first:
+                        self.restarts += 1
+                    first = False
+                    uptime = await self._connect_and_serve()
+                    if self._stopping or not self.server.restart:
+                        break
+                    if uptime is not None and uptime >= longest:
+                        delay = shortest
+                    self.state = "restarting"
+                    wake = self._wake = anyio.Event()
+                    with anyio.move_on_after(delay):
+                        await wake.wait()
+                    delay = min(delay * 2, longest)
+        finally:
+            self.client = None
+            self.state = "stopped" if self._stopping or self.server.restart else "exited"
+            self._attempted.set()
+            if self._stderr is not None:
+                self._stderr.close()
+                self._stderr = None
+
+    async def _connect_and_serve(self) -> float | None:
+        """One connection's life; returns how long it was up (None if it never came up)."""
+        wake = self._wake = anyio.Event()
+        # One deadline for the handshake and the tool listing together: the SDK's own
+        # read timeouts apply per request (and its server/discover probe waits 10 s).
+        handshake = anyio.CancelScope(deadline=anyio.current_time() + self.server.connect_timeout_s)
+        try:
+            with handshake:
+                await self._connect(handshake, wake)
+            if handshake.cancelled_caught:
+                raise TimeoutError
+        except Exception as exc:  # every failure becomes last_error; the loop retries
+            if not self._stopping:
+                self.last_error = self._describe(exc)
+                logger.warning("upstream %s: %s", self.server.name, self.last_error)
+        finally:
+            up_since, self.connected_at = self.connected_at, None
+            self.client = None
+            if self.state == "ready":
+                self.state = "restarting" if self.server.restart else "exited"
+            self._attempted.set()
+        return None if up_since is None else time.monotonic() - up_since
+
+    async def _connect(self, handshake: anyio.CancelScope, wake: anyio.Event) -> None:
+        """Connect, list the tools, serve calls until the connection ends (``wake``)."""
+        server = self.server
+        transport = self._transport(lambda: self.lost("the connection ended (process exited?)"))
+        async with Client(transport, read_timeout_seconds=server.connect_timeout_s) as client:
+            changed = await self._load_tools(client)
+            handshake.deadline = math.inf  # up: the rest of the connection's life has no deadline
+            self.protocol_version = client.protocol_version
+            self.client = client
+            self.connected_at = time.monotonic()
+            if self._stderr is not None:
+                self._stderr.mark()  # what it said while starting is not news later
+            self.state = "ready"
+            self._attempted.set()
+            logger.info("upstream %s ready (%d tools)", server.name, len(server.catalog))
+            if changed:
+                server.tools_changed()
+            await self._watch(client, wake)
+
+    async def _watch(self, client: Client, wake: anyio.Event) -> None:
+        """Wait for the connection to end; meanwhile probe it now and then.
+
+        A dead stdio process shows itself by closing its stdout, but a hung one or an HTTP
+        server that went away while idle does not: a periodic ``tools/list`` finds both,
+        and also picks up a changed tool list (pushed to the registry at once).
+        """
+        interval = self.server.health_interval_s
+        if interval is None:
+            await wake.wait()
+            return
+        probe_timeout = min(self.server.connect_timeout_s, self.server.call_timeout_s)
+        while not wake.is_set():
+            with anyio.move_on_after(interval):
+                await wake.wait()
+            if wake.is_set():
+                return
+            try:
+                with anyio.fail_after(probe_timeout):
+                    changed = await self._load_tools(client, refresh=True)
+            except TimeoutError:
+                self.lost(f"health check failed: no answer to tools/list within {probe_timeout:g} s")
+            except Exception as exc:  # any failure of the probe means the connection is not usable
+                self.lost(f"health check failed: {self._describe(exc)}")
+            else:
+                if changed:
+                    self.server.tools_changed()
+
+    async def _load_tools(self, client: Client, *, refresh: bool = False) -> bool:
+        """Fetch the tool list and hand it to the server; returns whether it changed."""
+        listed: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(_MAX_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh" if refresh else "use")
+            listed += [tool.model_dump(by_alias=True, exclude_none=True) for tool in page.tools]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        return self.server.apply_tools(listed)
+
+    def _transport(self, on_end: Callable[[], None]) -> Any:
+        server = self.server
+        errlog = server.errlog
+        if isinstance(server.spec, StdioSpec) and errlog is None:
+            if self._stderr is not None:
+                self._stderr.close()
+            self._stderr = StderrCapture()
+            errlog = self._stderr.file
+        return open_transport(
+            server.spec,
+            on_end,
+            errlog=errlog,
+            connect_timeout_s=server.connect_timeout_s,
+            call_timeout_s=server.call_timeout_s,
+        )
+
+    def _with_stderr(self, message: str) -> str:
+        tail = self._stderr.excerpt() if self._stderr is not None else ""
+        return f"{message}; stderr: {tail}" if tail else message
+
+    def _describe(self, exc: BaseException) -> str:
+        stderr = self._stderr.excerpt() if self._stderr is not None else ""
+        return describe_failure(
+            exc, self.server.name, self.server.spec, self.server.connect_timeout_s, stderr
+        )
