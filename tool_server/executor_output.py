@@ -8,6 +8,7 @@ a limit (count, pixels, bytes) fails the call with a message saying which limit.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,6 +22,8 @@ from protocol.messages import ErrorInfo
 __all__ = ["TRUNCATION_MARKER", "OutputShaper"]
 
 TRUNCATION_MARKER = "\n…[output truncated: {dropped} of {total} characters omitted]"
+NOT_JSON = "structured output was not JSON-serialisable and was dropped"
+TOO_LARGE = "structured output of {size} bytes exceeded the limit and was dropped"
 
 
 class OutputShaper:
@@ -73,9 +76,25 @@ class OutputShaper:
         return Result(call_id, [{"type": "text", "text": self._cap(text)}], structured)
 
     def checked(self, result: Result) -> Result:
-        """A shaped result (an upstream server's, a tool's own) as it is, or why its images may not go out."""
-        refused = self._image_problem(result.content)
-        return result if refused is None else Result.failure(result.call_id, *refused)
+        """A shaped result (an upstream server's, a tool's own) under the same limits as any
+        output: long text cut, structured output over its limit (or not JSON) dropped with a
+        note, or a failure saying why its images may not go out."""
+        content = [self._cap_block(b) for b in result.content]
+        refused = self._image_problem(content)
+        if refused is not None:
+            return Result.failure(result.call_id, *refused)
+        structured = result.structured
+        if structured is not None:
+            try:
+                size = len(orjson.dumps(structured, option=orjson.OPT_SERIALIZE_NUMPY))
+            except TypeError:
+                structured = {"note": NOT_JSON}
+            else:
+                if size > self.max_structured_bytes:
+                    structured = {"note": TOO_LARGE.format(size=size)}
+        if structured is result.structured and all(map(operator.is_, content, result.content)):
+            return result
+        return dataclasses.replace(result, content=content, structured=structured)
 
     def _structured(self, value: Any) -> tuple[Any, str]:
         """The structured output (or a note if it is too large) and its JSON text."""
@@ -84,11 +103,10 @@ class OutputShaper:
         try:
             encoded = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
         except TypeError:
-            text = str(value)
-            return {"note": "structured output was not JSON-serialisable and was dropped"}, text
+            return {"note": NOT_JSON}, str(value)
         if len(encoded) > self.max_structured_bytes:
-            note = f"structured output of {len(encoded)} bytes exceeded the limit and was dropped"
-            return {"note": note}, encoded.decode()  # cut by _cap, whose marker tells the true length
+            # the whole text: _cap cuts it, and its marker tells the true length
+            return {"note": TOO_LARGE.format(size=len(encoded))}, encoded.decode()
         return value, encoded.decode()
 
     def _cap(self, text: str) -> str:

@@ -69,3 +69,9 @@ async def jotting_agent(ctx: ToolContext) -> dict:
     ctx.session.data.setdefault("notes", []).append("outer")
     inner = await ctx.call("jot", {"line": "inner"})
     return {"inner": inner.structured, "session": ctx.session.id}
+
+
+@tool(name="shaped_oversize", timeout_s=5)
+async def shaped_oversize(chars: int = 100_000) -> Result:
+    """Returns its own Result: long text, and structured output JSON cannot hold (a set)."""
+    return Result("any", [{"type": "text", "text": "y" * chars}], structured={"tags": {"a", "b"}})

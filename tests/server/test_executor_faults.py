@@ -33,6 +33,7 @@ TOOLS = [
         "wide_structured",
         "jot",
         "jotting_agent",
+        "shaped_oversize",
     )
 ]
 
@@ -234,3 +235,14 @@ async def test_inner_calls_of_a_call_without_a_session_share_its_throwaway_one()
     assert len(executor.sessions) == 0
     with_session = await executor.run_one(Call("agent-s", "jotting_agent", {}, session="kept"))
     assert with_session.structured["inner"] == {"notes": ["outer", "inner"]} and len(executor.sessions) == 1
+
+
+def test_a_result_the_tool_shaped_itself_is_held_to_the_output_limits(srv):
+    # The same limits as for any other output (upstream servers' results go the same way).
+    call = {"call_id": "shaped", "name": "shaped_oversize", "arguments": {"chars": 100_000}}
+    response = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, timeout=30)
+    assert response.status_code == 200, response.text
+    (result,) = decode_results(response.content)
+    assert result.call_id == "shaped" and not result.is_error
+    assert result.text == "y" * 32768 + "\n…[output truncated: 67232 of 100000 characters omitted]"
+    assert result.structured == {"note": "structured output was not JSON-serialisable and was dropped"}
