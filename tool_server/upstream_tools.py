@@ -94,7 +94,8 @@ def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, A
     """Check arguments against a tool's ``inputSchema`` (its ``$schema``, else draft 2020-12).
 
     Raises ValueError naming each bad argument, so a bad call is ``invalid_arguments``
-    before it reaches the upstream. An invalid schema is not enforced (and logged).
+    before it reaches the upstream. An invalid schema is not enforced (and logged), nor
+    one that fails while checking (a ``$ref`` to nowhere): the upstream checks its own.
     """
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
@@ -105,9 +106,21 @@ def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, A
         )
         return _any_object
     validator = cls(schema)
+    broken: list[str] = []  # why the schema cannot be checked, once found
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
-        errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        if broken:
+            return arguments
+        try:
+            errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.absolute_path)))
+        except Exception as exc:  # the schema's fault (an unresolvable $ref), not the arguments'
+            broken.append(f"{type(exc).__name__}: {exc}")
+            logger.warning(
+                "upstream tool %s: its inputSchema cannot be checked (%s); arguments pass unchecked",
+                tool,
+                broken[0],
+            )
+            return arguments
         if errors:
             raise ValueError("; ".join(dict.fromkeys(_problem(e) for e in errors[:10])))
         return arguments

@@ -8,10 +8,13 @@ import stat
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from protocol import SessionState
+from protocol import SessionState, decode_results
 from tests.server.test_upstream import children, wait_until
+from tests.server.test_upstream_served import wait_for
+from tests.support.server import running_server, server_config
 from tool_server.upstream import UpstreamServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,3 +91,16 @@ async def test_a_server_that_never_answers_is_down_within_the_connect_deadline(t
         assert up.last_error == "upstream 'silent' did not complete the MCP handshake within 1 s"
     finally:
         await up.stop()
+
+
+def test_a_schema_whose_ref_leads_nowhere_is_not_a_server_error() -> None:
+    # lookup's inputSchema has {"$ref": "#/$defs/Item"} and no $defs. Before: checking the
+    # arguments raised jsonschema's RefResolutionError, which no one caught: HTTP 500.
+    config = server_config(mcpServers={"unruly": {"command": sys.executable, "args": [UNRULY]}})
+    with running_server(config) as srv:
+        wait_for(lambda: "unruly__lookup" in httpx.get(srv.url + "/v1/tools").text)
+        body = {"calls": [{"call_id": "c1", "name": "unruly__lookup", "arguments": {"item": 7}}]}
+        response = httpx.post(srv.url + "/v1/calls", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        assert decode_results(response.content)[0].text == "item 7"
+        assert "inputSchema cannot be checked" in srv.output

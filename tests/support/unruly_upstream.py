@@ -1,6 +1,8 @@
 """A stdio MCP server (official SDK) that misbehaves on request, for the upstream failure tests.
 
-Tools: ``pid()`` (this process's id) and ``sleep(seconds)``.
+Tools: ``pid()`` (this process's id), ``sleep(seconds)``, and ``lookup(item)``, whose
+published ``inputSchema`` points (``$ref``) at a definition it does not have, as
+hand-written schemas sometimes do.
 
 * ``--linger SECONDS``: once its stdin closes, ignore SIGTERM and stay alive that long,
   like a server with a slow shutdown; only SIGKILL ends it sooner.
@@ -33,6 +35,19 @@ def pid() -> int:
 async def sleep(seconds: float) -> str:
     await anyio.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool(description="Echo the item.")
+def lookup(item: int) -> str:
+    return f"item {item}"
+
+
+# Published with a $ref to a definition the schema lacks (the tool itself still works).
+server._tool_manager.get_tool("lookup").parameters = {  # type: ignore[union-attr]
+    "type": "object",
+    "properties": {"item": {"$ref": "#/$defs/Item"}},
+    "required": ["item"],
+}
 
 
 def _flood() -> None:
