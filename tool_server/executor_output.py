@@ -85,13 +85,11 @@ class OutputShaper:
             return Result.failure(result.call_id, *refused)
         structured = result.structured
         if structured is not None:
-            try:
-                size = len(orjson.dumps(structured, option=orjson.OPT_SERIALIZE_NUMPY))
-            except TypeError:
+            structured, encoded = _as_json(structured, self.max_structured_bytes)
+            if encoded is None:
                 structured = {"note": NOT_JSON}
-            else:
-                if size > self.max_structured_bytes:
-                    structured = {"note": TOO_LARGE.format(size=size)}
+            elif len(encoded) > self.max_structured_bytes:
+                structured = {"note": TOO_LARGE.format(size=len(encoded))}
         if structured is result.structured and all(map(operator.is_, content, result.content)):
             return result
         return dataclasses.replace(result, content=content, structured=structured)
@@ -100,9 +98,8 @@ class OutputShaper:
         """The structured output (or a note if it is too large) and its JSON text."""
         if value is None:
             return None, ""
-        try:
-            encoded = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
-        except TypeError:
+        value, encoded = _as_json(value, self.max_structured_bytes)
+        if encoded is None:
             return {"note": NOT_JSON}, str(value)
         if len(encoded) > self.max_structured_bytes:
             # the whole text: _cap cuts it, and its marker tells the true length
@@ -155,6 +152,25 @@ class OutputShaper:
                     "return a smaller image or a crop"
                 )
         return None
+
+
+def _as_json(value: Any, limit: int) -> tuple[Any, bytes | None]:
+    """The value as JSON's own types, and its JSON (None: JSON cannot hold it).
+
+    numpy values (model code returns them) are written by orjson, but not by the MCP
+    SDK's serialiser: they are read back as plain numbers and lists. Other values are
+    kept as they are, so the common case costs one encoding. Output over ``limit`` bytes,
+    which the caller drops, is not read back.
+    """
+    try:
+        return value, orjson.dumps(value)
+    except TypeError:
+        pass
+    try:
+        encoded = orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError:
+        return value, None
+    return (orjson.loads(encoded) if len(encoded) <= limit else value), encoded
 
 
 def _text_of(content: Iterable[dict[str, Any]]) -> str:

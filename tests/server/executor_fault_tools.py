@@ -75,3 +75,12 @@ async def jotting_agent(ctx: ToolContext) -> dict:
 async def shaped_oversize(chars: int = 100_000) -> Result:
     """Returns its own Result: long text, and structured output JSON cannot hold (a set)."""
     return Result("any", [{"type": "text", "text": "y" * chars}], structured={"tags": {"a", "b"}})
+
+
+@tool(name="numpy_scores", timeout_s=5)
+async def numpy_scores(n: int = 3) -> dict:
+    """Structured output holding numpy values, as model code returns them."""
+    import numpy as np
+
+    scores = np.linspace(0.0, 1.0, n, dtype=np.float32)
+    return {"best": scores.max(), "count": np.int64(n), "scores": scores}

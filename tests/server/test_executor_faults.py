@@ -34,6 +34,7 @@ TOOLS = [
         "jot",
         "jotting_agent",
         "shaped_oversize",
+        "numpy_scores",
     )
 ]
 
@@ -246,3 +247,25 @@ def test_a_result_the_tool_shaped_itself_is_held_to_the_output_limits(srv):
     assert result.call_id == "shaped" and not result.is_error
     assert result.text == "y" * 32768 + "\n…[output truncated: 67232 of 100000 characters omitted]"
     assert result.structured == {"note": "structured output was not JSON-serialisable and was dropped"}
+
+
+@pytest.mark.parametrize("path", ["/v1/calls", "/mcp/test"])
+def test_numpy_values_in_structured_output_reach_every_transport(srv, path):
+    if path == "/v1/calls":
+        call = {"call_id": "numpy", "name": "numpy_scores", "arguments": {"n": 3}}
+        response = httpx.post(srv.url + path, json={"calls": [call]}, timeout=30)
+        assert response.status_code == 200, response.text
+        structured = decode_results(response.content)[0].structured
+    else:
+        body = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {"name": "numpy_scores", "arguments": {"n": 3}, "_meta": MCP_META},
+        }
+        headers = {**MCP_HEADERS, "Mcp-Name": "numpy_scores"}
+        response = httpx.post(srv.url + path, json=body, headers=headers, timeout=30)
+        assert response.status_code == 200, response.text
+        assert "result" in response.json(), response.text
+        structured = response.json()["result"]["structuredContent"]
+    assert structured == {"best": 1.0, "count": 3, "scores": [0.0, 0.5, 1.0]}
