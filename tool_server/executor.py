@@ -256,7 +256,7 @@ class Executor:
             )
         cache_key = self._records.cache_key(caller.tenant, entry, canonical)
         if cache_key is not None:
-            hit = self._records.cached(cache_key, key, fingerprint)
+            hit = self._records.cached(cache_key, call_id)
             if hit is not None:
                 return hit
         turn = None

@@ -84,18 +84,17 @@ class CallRecords:
         # per tenant: a hit would tell one tenant what another asked (and when)
         return (tenant, entry.name, entry.meta.version, canonical)
 
-    def cached(self, cache_key: tuple[Any, ...], key: CallKey, fingerprint: Fingerprint) -> Result | None:
+    def cached(self, cache_key: tuple[Any, ...], call_id: str) -> Result | None:
         """The cached result of the same call, under this call's id (None: a miss).
 
-        A hit is kept for retries like a computed result: the call_id is bound to its call.
+        A hit is not kept under its call_id: its retries are hits too, and nothing more is
+        held per hit (so that id is not bound to its call: another call under it runs).
         """
         hit = self._cache.get(cache_key)  # type: ignore[union-attr]
         if hit is None:
             return None
         self._metrics.cache_hits.inc()
-        result = dataclasses.replace(hit, call_id=key[1], cached=True, elapsed_ms=0.0)
-        self._done.put(key, (fingerprint, result), _approx_bytes(result))
-        return result
+        return dataclasses.replace(hit, call_id=call_id, cached=True, elapsed_ms=0.0)
 
     def running(self, key: CallKey, fingerprint: Fingerprint) -> None:
         """The call is under way: a retry of it joins it until ``keep`` tells how it ended."""

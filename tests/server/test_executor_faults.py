@@ -154,21 +154,6 @@ async def test_a_result_object_the_tool_returns_again_keeps_each_calls_id():
     assert fault_tools.CONSTANT.call_id == "whatever"  # the tool's own object is left as it was
 
 
-def test_a_call_id_answered_from_the_cache_is_bound_to_its_call(srv):
-    def post(call_id: str, expression: str) -> Any:
-        call = {"call_id": call_id, "name": "calculator", "arguments": {"expression": expression}}
-        response = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, timeout=30)
-        return decode_results(response.content)[0]
-
-    computed = post("computed", "6 * 7")
-    hit = post("from-cache", "6 * 7")
-    assert not computed.cached and hit.cached and hit.structured == computed.structured
-    # The id is used now, as it is for a computed call: another call under it is refused.
-    reused = post("from-cache", "2 + 2")
-    assert reused.error.kind == "bad_request" and "already used" in reused.error.message
-    assert post("from-cache", "6 * 7").structured == computed.structured
-
-
 def test_structured_output_over_its_limit_says_how_much_text_was_cut(srv):
     call = {"call_id": "wide", "name": "wide_structured", "arguments": {"items": 30_000}}
     response = httpx.post(srv.url + "/v1/calls", json={"calls": [call]}, timeout=30)
