@@ -8,7 +8,8 @@ Every entry point (batch HTTP, MCP, verify, agent tools' inner calls) goes throu
   ``unauthorized`` whatever the call_id;
 * a call_id seen before *from the same tenant* returns the stored result (or joins the
   running call) if the call is the same (tool, arguments, session); a different call
-  under a used id is refused. Another tenant's call_id is just a new id;
+  under a used id is refused (unless its first use was answered from the result cache,
+  which keeps nothing per call). Another tenant's call_id is just a new id;
 * calls of stateful tools within one session run one at a time, in the order they
   arrive (batch order, then arrival order); different sessions run concurrently;
 * a global concurrency limit with a bounded queue, plus optional per-tool limits;

@@ -57,7 +57,9 @@ async def wide_structured(items: int = 30_000) -> dict:
 
 @tool(name="jot", stateful=True, timeout_s=5)
 async def jot(ctx: ToolContext, line: str) -> dict:
-    """Adds a line to the session's notes; returns them all."""
+    """Adds a line to the session's notes; returns them all. The line "raise" raises."""
+    if line == "raise":
+        raise RuntimeError("asked to fail")
     notes = ctx.session.data.setdefault("notes", [])
     notes.append(line)
     return {"notes": list(notes)}
@@ -84,3 +86,10 @@ async def numpy_scores(n: int = 3) -> dict:
 
     scores = np.linspace(0.0, 1.0, n, dtype=np.float32)
     return {"best": scores.max(), "count": np.int64(n), "scores": scores}
+
+
+@tool(name="stuck", stateful=True, timeout_s=0.2)
+async def stuck(ctx: ToolContext) -> str:
+    """A stateful call that runs past its timeout."""
+    await asyncio.sleep(30)
+    return "never"

@@ -35,6 +35,7 @@ TOOLS = [
         "jotting_agent",
         "shaped_oversize",
         "numpy_scores",
+        "stuck",
     )
 ]
 
@@ -254,3 +255,40 @@ def test_numpy_values_in_structured_output_reach_every_transport(srv, path):
         assert "result" in response.json(), response.text
         structured = response.json()["result"]["structuredContent"]
     assert structured == {"best": 1.0, "count": 3, "scores": [0.0, 0.5, 1.0]}
+
+
+async def test_a_sessions_order_holds_past_a_call_that_fails_or_times_out():
+    executor = make_executor()
+    await executor.start()
+    lines = ["a", "raise", None, "b"]  # None: the call that times out
+    calls = [
+        Call(f"order-{i}", "stuck", {}, session="ordered")
+        if line is None
+        else Call(f"order-{i}", "jot", {"line": line}, session="ordered")
+        for i, line in enumerate(lines)
+    ]
+    results = await asyncio.wait_for(executor.run_batch(calls), 10)
+    assert [r.error.kind if r.error else r.structured["notes"] for r in results] == [
+        ["a"],
+        "tool_error",
+        "timeout",
+        ["a", "b"],
+    ]
+    assert executor.admitted == 0
+
+
+async def test_a_call_cancelled_while_waiting_for_its_turn_keeps_the_sessions_order():
+    executor = make_executor()
+    await executor.start()
+    first = asyncio.ensure_future(executor.run_one(Call("turn-1", "held", {"tag": "turns"}, session="turns")))
+    await settle()  # runs, holding the session's turn
+    second = asyncio.ensure_future(executor.run_one(Call("turn-2", "jot", {"line": "two"}, session="turns")))
+    third = asyncio.ensure_future(executor.run_one(Call("turn-3", "jot", {"line": "three"}, session="turns")))
+    await settle()
+    second.cancel()
+    await settle()
+    assert not third.done()  # the call before it was cancelled; the one before that still runs
+    gate("turns").set()
+    assert (await asyncio.wait_for(first, 10)).text == "turns"
+    assert (await asyncio.wait_for(third, 10)).structured == {"notes": ["three"]}
+    assert second.cancelled() and executor.admitted == 0
