@@ -47,7 +47,7 @@ from tool_server.executor_admission import ANONYMOUS, Admission, Caller, Overloa
 from tool_server.executor_order import SessionOrder, Turn
 from tool_server.executor_output import OutputShaper
 from tool_server.executor_records import CallRecords, Fingerprint, canonical_arguments, storable
-from tool_server.executor_runner import CallRunner, cancelled
+from tool_server.executor_runner import CallRunner, cancelled, tool_failure
 from tool_server.fair_slots import FairSlots
 from tool_server.metrics import Metrics
 from tool_server.registry import VERIFIER_PREFIX, Registry, ToolEntry
@@ -255,6 +255,8 @@ class Executor:
             return Result.failure(
                 call_id, ErrorKind.INVALID_ARGUMENTS, f"invalid arguments for {call.name}: {exc}"
             )
+        except Exception as exc:  # a bug in the tool's own argument checks (pydantic passes it on)
+            return tool_failure(call, exc)
         cache_key = self._records.cache_key(caller.tenant, entry, canonical)
         if cache_key is not None:
             hit = self._records.cached(cache_key, call_id)

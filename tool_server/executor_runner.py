@@ -24,7 +24,7 @@ from tool_server.executor_output import OutputShaper
 from tool_server.registry import ToolEntry
 from tool_server.sessions import SessionStore
 
-__all__ = ["CallContext", "CallRunner", "cancelled"]
+__all__ = ["CallContext", "CallRunner", "cancelled", "tool_failure"]
 
 log = logging.getLogger(__name__)
 INLINE_WARN_S = 0.2  # a non-blocking tool that takes longer than this is reported (once)
@@ -90,7 +90,7 @@ class CallRunner:
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
         except BaseException as exc:  # noqa: BLE001 (SystemExit from a tool must not stop the server)
-            result = _tool_failure(call, exc)
+            result = tool_failure(call, exc)
         elapsed = time.perf_counter() - start
         if elapsed > INLINE_WARN_S and entry.name not in self._overran:
             self._overran.add(entry.name)  # once per tool: a GC pause can look like an overrun
@@ -141,7 +141,7 @@ class CallRunner:
             raise
         except BaseException as exc:  # noqa: BLE001 (a tool's fault, even SystemExit, is a result)
             log.debug("tool %s failed", entry.name, exc_info=True)
-            return _tool_failure(call, exc)
+            return tool_failure(call, exc)
         finally:
             if ephemeral is not None and session is ephemeral:
                 await _close_quietly(ephemeral, entry)
@@ -208,7 +208,7 @@ def _in_thread(func: Any, kwargs: dict[str, Any]) -> Any:
         raise _EscapedFromThread(exc) from None
 
 
-def _tool_failure(call: Call, exc: BaseException) -> Result:
+def tool_failure(call: Call, exc: BaseException) -> Result:
     """A tool's exception as a ``tool_error`` result, whatever the exception does when printed."""
     if isinstance(exc, _EscapedFromThread):
         exc = exc.original

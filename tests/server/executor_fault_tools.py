@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
+import pydantic
+
 from protocol import Result, SessionState, ToolContext, tool
 
 GATE: dict[str, asyncio.Event] = {}
@@ -93,3 +95,20 @@ async def stuck(ctx: ToolContext) -> str:
     """A stateful call that runs past its timeout."""
     await asyncio.sleep(30)
     return "never"
+
+
+class Picky(pydantic.BaseModel):
+    """Arguments whose own check has a bug."""
+
+    key: str
+
+    @pydantic.field_validator("key")
+    @classmethod
+    def known(cls, key: str) -> str:
+        return {"ok": "ok"}[key]  # KeyError for any other key: pydantic lets it through
+
+
+@tool(name="buggy_check", timeout_s=5)
+async def buggy_check(picky: Picky) -> str:
+    """A tool whose argument model raises something pydantic does not turn into a validation error."""
+    return picky.key

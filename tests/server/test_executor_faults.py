@@ -36,6 +36,7 @@ TOOLS = [
         "shaped_oversize",
         "numpy_scores",
         "stuck",
+        "buggy_check",
     )
 ]
 
@@ -292,3 +293,15 @@ async def test_a_call_cancelled_while_waiting_for_its_turn_keeps_the_sessions_or
     assert (await asyncio.wait_for(first, 10)).text == "turns"
     assert (await asyncio.wait_for(third, 10)).structured == {"notes": ["three"]}
     assert second.cancelled() and executor.admitted == 0
+
+
+def test_an_argument_check_that_raises_is_the_tools_fault_not_a_500(srv):
+    calls = [
+        {"call_id": "check-bad", "name": "buggy_check", "arguments": {"picky": {"key": "other"}}},
+        {"call_id": "check-ok", "name": "buggy_check", "arguments": {"picky": {"key": "ok"}}},
+    ]
+    response = httpx.post(srv.url + "/v1/calls", json={"calls": calls}, timeout=30)
+    assert response.status_code == 200, response.text
+    bad, ok = decode_results(response.content)
+    assert bad.error.kind == "tool_error" and "KeyError" in bad.error.message
+    assert ok.text == "ok"
