@@ -54,6 +54,10 @@ class TTLStore(Generic[K, V]):
         old = items.get(key)
         if old is not None:
             self.bytes -= old[2]
+        if size > self.max_bytes:  # it could never fit: keeping it would first evict everything else
+            if old is not None:
+                del items[key]
+            return
         items[key] = (expiry, value, size)
         self.bytes += size
         puts.append((expiry, key))

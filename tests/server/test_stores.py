@@ -65,3 +65,14 @@ def test_total_size_is_bounded_and_the_oldest_go_first(clock: list[float]) -> No
     assert store.bytes == 700
     clock[0] += 120
     assert store.get(8) is None and store.bytes == 400  # expired entries give their size back
+
+
+def test_an_entry_larger_than_the_whole_budget_is_not_kept_and_evicts_nothing(clock: list[float]) -> None:
+    store: TTLStore[str, str] = TTLStore(max_entries=1000, ttl_s=60, max_bytes=1000)
+    store.put("a", "x", size=300)
+    store.put("b", "x", size=300)
+    store.put("huge", "x" * 10, size=5000)  # could never fit: the others stay
+    assert (store.get("a"), store.get("b"), store.get("huge")) == ("x", "x", None)
+    assert store.bytes == 600 and len(store) == 2
+    store.put("a", "y" * 10, size=5000)  # a value too large for its key: the old one is stale
+    assert store.get("a") is None and store.bytes == 300
