@@ -56,7 +56,8 @@ class UpstreamServer:
         separator: between namespace and tool name; the default ``__`` keeps names within
             OpenAI's ``^[a-zA-Z0-9_-]{1,64}$``.
         call_timeout_s: default deadline of one call.
-        connect_timeout_s: deadline of the handshake and tool listing on each (re)connect.
+        connect_timeout_s: deadline of each request of the handshake and tool listing, on
+            each (re)connect (a stdio server's start-up counts against the first).
         restart_backoff: (first, max) delay in seconds between reconnect attempts; it
             doubles after each failure and resets once a connection stayed up ``max`` seconds.
         health_interval_s: how often the connection is probed with ``tools/list`` (None:

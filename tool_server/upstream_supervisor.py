@@ -3,7 +3,6 @@
 A stdio process that dies shows itself by closing its stdout; a hung one, or an HTTP
 server gone while idle, by failing the periodic ``tools/list`` probe. Either way the
 connection is dropped and made again after a backoff that doubles on each failure.
-The handshake and the first listing share one deadline (``connect_timeout_s``).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
@@ -137,14 +135,8 @@ class Supervisor:
     async def _connect_and_serve(self) -> float | None:
         """One connection's life; returns how long it was up (None if it never came up)."""
         wake = self._wake = anyio.Event()
-        # One deadline for the handshake and the tool listing together: the SDK's own
-        # read timeouts apply per request (and its server/discover probe waits 10 s).
-        handshake = anyio.CancelScope(deadline=anyio.current_time() + self.server.connect_timeout_s)
         try:
-            with handshake:
-                await self._connect(handshake, wake)
-            if handshake.cancelled_caught:
-                raise TimeoutError
+            await self._connect(wake)
         except Exception as exc:  # every failure becomes last_error; the loop retries
             if not self._stopping:
                 self.last_error = self._describe(exc)
@@ -157,13 +149,17 @@ class Supervisor:
             self._attempted.set()
         return None if up_since is None else time.monotonic() - up_since
 
-    async def _connect(self, handshake: anyio.CancelScope, wake: anyio.Event) -> None:
-        """Connect, list the tools, serve calls until the connection ends (``wake``)."""
+    async def _connect(self, wake: anyio.Event) -> None:
+        """Connect, list the tools, serve calls until the connection ends (``wake``).
+
+        ``connect_timeout_s`` bounds each request of the handshake and the listing, not
+        their sum: a stdio server's start-up (``uvx``, ``npx`` fetching a package) counts
+        against the first, which the SDK's ``server/discover`` probe gives 10 s at least.
+        """
         server = self.server
         transport = self._transport(lambda: self.lost("the connection ended (process exited?)"))
         async with Client(transport, read_timeout_seconds=server.connect_timeout_s) as client:
             changed = await self._load_tools(client)
-            handshake.deadline = math.inf  # up: the rest of the connection's life has no deadline
             self.protocol_version = client.protocol_version
             self.client = client
             self.connected_at = time.monotonic()
