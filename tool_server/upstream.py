@@ -32,6 +32,7 @@ from tool_server.upstream_config import (
     OPTION_KEYS,
     HttpSpec,
     StdioSpec,
+    flag,
     parse_options,
     parse_spec,
 )
@@ -73,7 +74,7 @@ def parse_servers(
         if not isinstance(raw, dict):
             raise ValueError(f"mcpServers.{name} must be an object, got {type(raw).__name__}")
         entry = dict(raw)
-        if entry.pop("disabled", False):
+        if flag(entry.pop("disabled", False), f"mcpServers.{name}.disabled"):
             continue
         options = {**defaults, **parse_options(name, entry)}
         ignored += [f"{name}.{key}" for key in sorted(CLIENT_ONLY_KEYS & set(entry))]

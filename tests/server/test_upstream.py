@@ -206,6 +206,7 @@ def test_load_upstreams_applies_overrides_and_skips_disabled() -> None:
         ({"required": "no"}, "required must be true or false"),
         ({"per_session": "false"}, "per_session must be true or false"),
         ({"session_meta": 0}, "session_meta must be true or false"),
+        ({"disabled": "no"}, "disabled must be true or false"),
     ],
 )
 def test_options_of_the_wrong_type_are_config_errors(option: dict[str, Any], needle: str) -> None:
