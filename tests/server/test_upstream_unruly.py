@@ -3,6 +3,7 @@ exit, flooding stderr. Whatever they do, the server's own resources stay bounded
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from protocol import SessionState, decode_results
+from protocol import ErrorKind, SessionState, decode_results
 from tests.server.test_upstream import children, wait_until
 from tests.server.test_upstream_served import wait_for
 from tests.support.server import running_server, server_config
@@ -84,3 +85,25 @@ def test_a_schema_whose_ref_leads_nowhere_is_not_a_server_error() -> None:
         assert response.status_code == 200, response.text
         assert decode_results(response.content)[0].text == "item 7"
         assert "inputSchema cannot be checked" in srv.output
+
+
+async def test_a_cancelled_call_is_cancelled_upstream(tmp_path: Path) -> None:
+    # The caller gives up (a client disconnects, a batch is cancelled), or the deadline
+    # passes: the upstream's request is cancelled too; the connection stays up.
+    log = tmp_path / "events"
+    spec = {"command": sys.executable, "args": [UNRULY], "env": {"UNRULY_LOG": str(log)}}
+    up = UpstreamServer("unruly", spec)
+    await up.start()
+    try:
+        waiting = asyncio.create_task(up.call("sleep", {"seconds": 60}))
+        await wait_until(lambda: log.exists() and "started" in log.read_text())
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await wait_until(lambda: "cancelled" in log.read_text())
+        late = await up.call("sleep", {"seconds": 60}, timeout_s=0.5)  # so is one past its deadline
+        assert late.error is not None and late.error.kind == ErrorKind.TIMEOUT
+        await wait_until(lambda: log.read_text().count("cancelled") == 2)
+        assert up.healthy and (await up.call("sleep", {"seconds": 0})).text == "slept 0.0"
+    finally:
+        await up.stop()

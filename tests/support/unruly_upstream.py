@@ -1,6 +1,7 @@
 """A stdio MCP server (official SDK) that misbehaves on request, for the upstream failure tests.
 
-Tools: ``pid()`` (this process's id), ``sleep(seconds)``, and ``lookup(item)``, whose
+Tools: ``pid()`` (this process's id), ``sleep(seconds)`` (it notes when it starts and
+when it is cancelled in the file named by ``UNRULY_LOG``), and ``lookup(item)``, whose
 published ``inputSchema`` points (``$ref``) at a definition it does not have, as
 hand-written schemas sometimes do.
 
@@ -33,8 +34,21 @@ def pid() -> int:
 
 @server.tool(description="Sleep, then say so.")
 async def sleep(seconds: float) -> str:
-    await anyio.sleep(seconds)
+    _note("started")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        _note("cancelled")
+        raise
     return f"slept {seconds}"
+
+
+def _note(event: str) -> None:
+    """Append ``event`` to the file named by UNRULY_LOG, if any (how a test sees inside)."""
+    path = os.environ.get("UNRULY_LOG")
+    if path:
+        with open(path, "a") as log:
+            log.write(event + "\n")
 
 
 @server.tool(description="Echo the item.")
