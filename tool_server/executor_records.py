@@ -35,13 +35,16 @@ CallKey = tuple[str, str]  # (tenant, call_id)
 class CallRecords:
     """The idempotency store, the calls in flight, and the result cache (None when disabled)."""
 
-    __slots__ = ("_done", "_inflight", "_cache", "_metrics")
+    __slots__ = ("_done", "_inflight", "_joiners", "_cache", "_metrics")
 
     def __init__(self, config: Config, metrics: Metrics) -> None:
         self._done: TTLStore[CallKey, tuple[Fingerprint, Result]] = TTLStore(
             config.idempotency.max_entries, config.idempotency.ttl_s, config.idempotency.max_bytes
         )
-        self._inflight: dict[CallKey, _InFlight] = {}
+        self._inflight: dict[CallKey, Fingerprint] = {}  # calls under way
+        # Retries waiting for a call under way, each on a future of its own, resolved with
+        # the result however the call ends: one retry going away does not touch the others.
+        self._joiners: dict[CallKey, list[asyncio.Future[Result]]] = {}
         self._cache: TTLStore[tuple[Any, ...], Result] | None = (
             TTLStore(config.cache.max_entries, config.cache.ttl_s, config.cache.max_bytes)
             if config.cache.enabled
@@ -72,9 +75,11 @@ class CallRecords:
             return done[1]
         running = self._inflight.get(key)
         if running is not None:
-            if running.fingerprint != fingerprint:
+            if running != fingerprint:
                 return _reused(key[1])
-            return running.join()
+            joiner: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
+            self._joiners.setdefault(key, []).append(joiner)
+            return joiner
         return None
 
     def cache_key(self, tenant: str, entry: ToolEntry, canonical: bytes) -> tuple[Any, ...] | None:
@@ -98,16 +103,16 @@ class CallRecords:
 
     def running(self, key: CallKey, fingerprint: Fingerprint) -> None:
         """The call is under way: a retry of it joins it until ``keep`` tells how it ended."""
-        self._inflight[key] = _InFlight(fingerprint)
+        self._inflight[key] = fingerprint
 
     def keep(
         self, key: CallKey, fingerprint: Fingerprint, cache_key: Any, result: Result, store: bool
     ) -> None:
         """The call has ended: hand its result to the retries that joined it, and keep it
         for later ones (if ``store``) and in the cache."""
-        running = self._inflight.pop(key, None)
-        if running is not None and running.joiners:
-            for joiner in running.joiners:
+        self._inflight.pop(key, None)
+        if self._joiners:
+            for joiner in self._joiners.pop(key, ()):
                 if not joiner.done():  # a joiner cancelled meanwhile has gone
                     joiner.set_result(result)
         cache = cache_key is not None and not result.is_error
@@ -116,27 +121,6 @@ class CallRecords:
             self._done.put(key, (fingerprint, result), size)
         if cache:
             self._cache.put(cache_key, result, size)  # type: ignore[union-attr]
-
-
-class _InFlight:
-    """A call under way: what its call_id stands for, and the retries waiting for its result.
-
-    Each retry waits on a future of its own, resolved with the result however the call
-    ends (cancelled included): one joiner going away does not touch the others.
-    """
-
-    __slots__ = ("fingerprint", "joiners")
-
-    def __init__(self, fingerprint: Fingerprint) -> None:
-        self.fingerprint = fingerprint
-        self.joiners: list[asyncio.Future[Result]] | None = None
-
-    def join(self) -> asyncio.Future[Result]:
-        joiner: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
-        if self.joiners is None:
-            self.joiners = []
-        self.joiners.append(joiner)
-        return joiner
 
 
 def canonical_arguments(arguments: dict[str, Any]) -> bytes:
