@@ -4,8 +4,10 @@
   a retry of the same call gets it again, a retry while the call still runs joins it.
   A call_id is bound to the call it was first used for (tool, session, arguments): a
   different call under a used id is refused. A tenant only ever meets its own ids.
+  Cancelled, timed-out and overloaded outcomes are not kept: a retry runs again.
 * Result cache: results of tools marked ``cacheable``, per tenant, tool version and
-  canonical arguments, so that one tenant's hit tells nothing of another's calls.
+  canonical arguments, so that one tenant's hit tells nothing of another's calls. A hit
+  is not kept under its call_id (it shares the cache entry's content; nothing more is held).
 
 Both stores are bounded by age, count and estimated bytes (``stores.TTLStore``).
 """
