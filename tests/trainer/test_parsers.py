@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import keyword
 import math
 from typing import Any
 
@@ -176,13 +177,15 @@ def test_registry() -> None:
 
 # --------------------------------------------------------------------------- properties
 
-_names = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True)
+# A Python keyword cannot name a pythonic call or argument ("[as()]", "[f(if=1)]": syntax errors).
+_names = st.from_regex(r"[a-z][a-z0-9_]{0,12}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))
+_identifiers = st.from_regex(r"[a-z_]{1,8}", fullmatch=True).filter(lambda n: not keyword.iskeyword(n))
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
     max_leaves=8,
 )
-_arguments = st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _json_values, max_size=4)
+_arguments = st.dictionaries(_identifiers, _json_values, max_size=4)
 
 
 @settings(max_examples=150, deadline=None)
