@@ -271,10 +271,19 @@ class UpstreamServer:
         meta = request_meta(call_id, session) if self.session_meta else None
         target = self
         if self._pool is not None and session is not None:
+            # The session's instance may have to start first: that counts against the deadline.
             try:
-                target = await self._pool.instance_for(session)
+                with anyio.fail_after(deadline):
+                    target = await self._pool.instance_for(session)
+            except TimeoutError:
+                message = (
+                    f"no instance of {self.label} was ready for this session within the call's "
+                    f"{deadline:g} s (it may be still starting); retry"
+                )
+                return failure(call_id, ErrorKind.TIMEOUT, message, started)
             except ToolError as refused:
                 return failure(call_id, refused.kind, refused.message, started)
+            deadline = max(deadline - (time.perf_counter() - started), 0.001)
         return await target._forward(name, arguments, deadline, call_id, meta, started)
 
     async def _forward(

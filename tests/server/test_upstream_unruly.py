@@ -107,3 +107,23 @@ async def test_a_cancelled_call_is_cancelled_upstream(tmp_path: Path) -> None:
         assert up.healthy and (await up.call("sleep", {"seconds": 0})).text == "slept 0.0"
     finally:
         await up.stop()
+
+
+async def test_a_per_session_call_keeps_its_deadline_while_the_instance_starts() -> None:
+    # The executor gives upstream calls no deadline of its own: call() must keep it.
+    # Before: the first call of a session waited up to connect_timeout_s + 5 s for its
+    # instance to start, then the whole call deadline again.
+    spec = {"command": sys.executable, "args": [UNRULY, "--start-delay", "4"]}
+    up = UpstreamServer("late", spec, per_session=True, connect_timeout_s=30)
+    await up.start()
+    session = SessionState("s")
+    try:
+        first = await up.call("pid", {}, timeout_s=1, session=session)
+        assert first.error is not None and first.error.kind == ErrorKind.TIMEOUT, first.text
+        assert "still starting" in first.error.message
+        # The instance goes on starting for the session; a later call finds it up.
+        await wait_until(lambda: session.data["upstream:late"].healthy, timeout_s=60)
+        assert not (await up.call("pid", {}, timeout_s=5, session=session)).is_error
+    finally:
+        await session.close()
+        await up.stop()

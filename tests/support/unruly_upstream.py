@@ -8,8 +8,9 @@ hand-written schemas sometimes do.
 * ``--linger SECONDS``: once its stdin closes, ignore SIGTERM and stay alive that long,
   like a server with a slow shutdown; only SIGKILL ends it sooner.
 * ``--flood``: write to stderr as fast as it can, from the start.
+* ``--start-delay SECONDS``: take that long to start (as ``uvx`` or ``npx`` fetching a package).
 
-Run: ``python tests/support/unruly_upstream.py [--linger S] [--flood]``.
+Run: ``python tests/support/unruly_upstream.py [--linger S] [--flood] [--start-delay S]``.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--linger", type=float, default=0.0)
     parser.add_argument("--flood", action="store_true")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     args = parser.parse_args()
+    time.sleep(args.start_delay)
     if args.flood:
         threading.Thread(target=_flood, daemon=True).start()
     server.run()
