@@ -2,7 +2,8 @@
 
 Async tools run on the event loop under the call's timeout, which cancels the coroutine.
 Blocking sync tools run in worker threads and are abandoned on timeout (hard-to-stop
-work belongs in a subprocess). Non-blocking sync tools run on the event loop: inline
+work belongs in a subprocess): the thread runs on, holding its thread-pool token, and the
+next call of its session may start while it does. Non-blocking sync tools run on the event loop: inline
 (``run_inline``) where nothing else is needed, or in the call's task after its turn.
 Whatever a tool raises, even ``SystemExit``, ends as an error result.
 """
