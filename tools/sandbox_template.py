@@ -55,6 +55,9 @@ COMMON_MODULES = (
     "struct", "textwrap", "time", "typing", "unicodedata",
 )  # fmt: skip
 FORGOTTEN: set[int] = set()  # workers the server stopped waiting for: reaped once they exit
+# Workers handed a session and not reaped yet: killed when the server is gone (a server killed
+# outright cleans up nothing, and a worker stopped between calls never sees the hang-up).
+WORKERS: set[int] = set()
 TEMPLATE_NETWORK = ""  # the template's own network: what a worker without namespaces stays in
 STAGE = ""  # where the template mounts prepared roots, in its own mount namespace ("" if none)
 PREPARED: dict[tuple[str, ...], tuple[str, str] | None] = {}  # hide list: (root, /proc report)
@@ -233,8 +236,12 @@ def reaped(pid: int) -> int | str | None:
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
+        WORKERS.discard(pid)
         return None
-    return "running" if done == 0 else os.waitstatus_to_exitcode(status)
+    if done == 0:
+        return "running"
+    WORKERS.discard(pid)
+    return os.waitstatus_to_exitcode(status)
 
 
 def answer(
@@ -270,6 +277,7 @@ def answer(
         pid = os.fork()
         if pid == 0:
             become_worker(template, config, fds)
+    WORKERS.add(pid)
     return {"pid": pid}, os.pidfd_open(pid)  # the server's handle: never a recycled pid
 
 
@@ -323,8 +331,14 @@ def template_main(stage: str, serve: Serve) -> NoReturn:
 
 
 def leave(stage: str) -> NoReturn:
-    """Exit once the server is gone, removing the directory it made for the stage (it may have
-    died without a chance to: a server killed by a signal runs no atexit)."""
+    """Exit once the server is gone, killing the workers it left and removing the directory it
+    made for the stage (it may have died without a chance to: a server killed by a signal runs
+    no atexit). Spares exit by themselves when their socket to the template closes."""
+    for pid in WORKERS:  # unreaped children: neither pid nor process group can have been reused
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)  # its own group (cut_ties): the session's children too
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
     with contextlib.suppress(OSError):
         if STAGE:
             libc_call(LIBC, "umount stage", LIBC.umount2, STAGE.encode(), MNT_DETACH)

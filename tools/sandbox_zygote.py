@@ -17,7 +17,9 @@ template reaps a worker only when asked, so the worker's pid, and its process gr
 taken until the server is done with it, and signals go through the pidfd. A template that
 died or stopped answering (``_REPLY_TIMEOUT_S``) is killed and started afresh by the next
 fork; workers forked before keep running (their pipes lead to the server, not the template),
-only their exit status is then unknown.
+only their exit status is then unknown. When its socket hangs up (the server is gone, even
+killed outright) the template kills every worker it forked and exits; the workers of a
+replaced template are then left to the server's own exit handlers.
 """
 
 from __future__ import annotations
@@ -196,16 +198,19 @@ class Template:
             return status if isinstance(status, int) else _LOST
 
     def stop(self) -> None:
-        """Kill the template (its workers run on: they belong to their sessions)."""
+        """Kill the template (its workers run on: they belong to their sessions).
+
+        Killed before its socket closes: a template that reads the hang-up takes its server for
+        dead and kills every worker it forked."""
         proc, sock, self._proc, self._sock = self._proc, self._sock, None, None
         stage, self._stage = self._stage, None
-        if sock is not None:
-            sock.close()
         if proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(5)
+        if sock is not None:
+            sock.close()
         if stage is not None:
             with contextlib.suppress(OSError):
                 os.rmdir(stage)  # mounted on only inside the template's namespace, gone with it

@@ -56,6 +56,29 @@ anyio.run(main)
 """
 
 
+HOLD_POOL_PIDS = r"""
+import anyio
+from tools.sandbox import SandboxPool
+async def main():
+    pool = SandboxPool(1)
+    await pool.start()
+    workers = [await pool.acquire() for _ in range(2)]
+    for worker in workers:  # between calls a worker is stopped (SIGSTOP): it sees no hang-up
+        print("pid", (await worker.run("import os; os.getpid()")).value, flush=True)
+    await anyio.sleep(60)
+anyio.run(main)
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running or stopped; a zombie (exited, not yet reaped by init) counts as gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
 def python(code: str, tmp: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp)}
     return subprocess.Popen(
@@ -117,3 +140,24 @@ def test_sigterm_of_a_server_with_the_python_tool_leaves_nothing(tmp_path: Path)
             break
         time.sleep(0.01)
     assert leftovers(tmp_path) == [], server.output[-2000:]
+
+
+def test_sigkill_of_a_process_holding_a_pool_leaves_no_worker_running(tmp_path: Path) -> None:
+    """A replica killed outright (OOM killer, kill -9) runs no clean-up of its own: its template
+    sees the hang-up and kills the workers it forked, which would otherwise sit stopped forever,
+    holding their memory and uids."""
+    proc = python(HOLD_POOL_PIDS, tmp_path)
+    assert proc.stdout is not None
+    pids = []
+    for _ in range(2):
+        line = proc.stdout.readline()
+        assert line.startswith("pid"), proc.communicate(timeout=5)
+        pids.append(int(line.split()[1]))
+    assert all(alive(pid) for pid in pids)
+    proc.kill()
+    proc.communicate(timeout=30)
+    for _ in range(1000):
+        if not any(alive(pid) for pid in pids):
+            break
+        time.sleep(0.01)
+    assert [pid for pid in pids if alive(pid)] == [], "workers outlived their killed server"
