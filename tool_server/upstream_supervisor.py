@@ -15,7 +15,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp import Client
+from mcp_types import ToolListChangedNotification
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tool_server.upstream_config import StdioSpec
 from tool_server.upstream_stderr import StderrCapture
@@ -157,8 +160,22 @@ class Supervisor:
         against the first, which the SDK's ``server/discover`` probe gives 10 s at least.
         """
         server = self.server
+        # A change of the tool list, announced: a handshake-era server sends the notification
+        # unasked; a 2026-07-28 one sends it on a subscriptions/listen stream (_follow).
+        notices, noticed = anyio.create_memory_object_stream[None](1)
+
+        async def on_message(message: Any) -> None:
+            if isinstance(message, ToolListChangedNotification):
+                _notify(notices)
+
         transport = self._transport(lambda: self.lost("the connection ended (process exited?)"))
-        async with Client(transport, read_timeout_seconds=server.connect_timeout_s) as client:
+        async with (
+            notices,
+            noticed,
+            Client(
+                transport, read_timeout_seconds=server.connect_timeout_s, message_handler=on_message
+            ) as client,
+        ):
             changed = await self._load_tools(client)
             self.protocol_version = client.protocol_version
             self.client = client
@@ -170,35 +187,58 @@ class Supervisor:
             logger.info("upstream %s ready (%d tools)", server.name, len(server.catalog))
             if changed:
                 server.tools_changed()
-            await self._watch(client, wake)
+            async with anyio.create_task_group() as followers:
+                followers.start_soon(self._follow, client, notices)
+                followers.start_soon(self._reread_on_notice, client, noticed)
+                await self._watch(client, wake)
+                followers.cancel_scope.cancel()
+
+    async def _follow(self, client: Client, notices: MemoryObjectSendStream[None]) -> None:
+        """Subscribe to tool-list changes (2026-07-28 servers); each event is a notice."""
+        if client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            return
+        try:
+            async with client.listen(tools_list_changed=True) as subscription:
+                _notify(notices)  # no replay: what changed before the subscription is read now
+                async for _event in subscription:
+                    _notify(notices)
+        except Exception as exc:  # no subscriptions here: the periodic probe still sees changes
+            logger.debug("upstream %s: no tools/list_changed subscription (%s)", self.server.name, exc)
+
+    async def _reread_on_notice(self, client: Client, noticed: MemoryObjectReceiveStream[None]) -> None:
+        async for _notice in noticed:
+            await self._probe(client)
 
     async def _watch(self, client: Client, wake: anyio.Event) -> None:
         """Wait for the connection to end; meanwhile probe it now and then.
 
         A dead stdio process shows itself by closing its stdout, but a hung one or an HTTP
         server that went away while idle does not: a periodic ``tools/list`` finds both,
-        and also picks up a changed tool list (pushed to the registry at once).
+        and also picks up a changed tool list that was not announced.
         """
         interval = self.server.health_interval_s
         if interval is None:
             await wake.wait()
             return
-        probe_timeout = min(self.server.connect_timeout_s, self.server.call_timeout_s)
         while not wake.is_set():
             with anyio.move_on_after(interval):
                 await wake.wait()
-            if wake.is_set():
-                return
-            try:
-                with anyio.fail_after(probe_timeout):
-                    changed = await self._load_tools(client, refresh=True)
-            except TimeoutError:
-                self.lost(f"health check failed: no answer to tools/list within {probe_timeout:g} s")
-            except Exception as exc:  # any failure of the probe means the connection is not usable
-                self.lost(f"health check failed: {self._describe(exc)}")
-            else:
-                if changed:
-                    self.server.tools_changed()
+            if not wake.is_set():
+                await self._probe(client)
+
+    async def _probe(self, client: Client) -> None:
+        """Read the tool list again: the registry follows a change; a failure drops the connection."""
+        probe_timeout = min(self.server.connect_timeout_s, self.server.call_timeout_s)
+        try:
+            with anyio.fail_after(probe_timeout):
+                changed = await self._load_tools(client, refresh=True)
+        except TimeoutError:
+            self.lost(f"health check failed: no answer to tools/list within {probe_timeout:g} s")
+        except Exception as exc:  # any failure of the probe means the connection is not usable
+            self.lost(f"health check failed: {self._describe(exc)}")
+        else:
+            if changed:
+                self.server.tools_changed()
 
     async def _load_tools(self, client: Client, *, refresh: bool = False) -> bool:
         """Fetch the tool list and hand it to the server; returns whether it changed."""
@@ -237,3 +277,9 @@ class Supervisor:
         return describe_failure(
             exc, self.server.name, self.server.spec, self.server.connect_timeout_s, stderr
         )
+
+
+def _notify(notices: MemoryObjectSendStream[None]) -> None:
+    """One pending notice is enough: the next read of the list sees every change so far."""
+    with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        notices.send_nowait(None)

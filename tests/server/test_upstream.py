@@ -61,7 +61,7 @@ server.run()
 
 # A server on the legacy-era SDK (1.x), which knows only the initialize handshake.
 LEGACY_SERVER = """
-from mcp.server.fastmcp import FastMCP
+from mcp.server.fastmcp import Context, FastMCP
 
 mcp = FastMCP("legacy")
 
@@ -69,6 +69,13 @@ mcp = FastMCP("legacy")
 def add(a: int, b: int) -> int:
     \"\"\"Add two integers.\"\"\"
     return a + b
+
+@mcp.tool()
+async def grow(name: str, ctx: Context) -> str:
+    \"\"\"Add a tool, and send notifications/tools/list_changed.\"\"\"
+    mcp.add_tool(lambda: f"hello from {name}", name=name, description="Added at run time.")
+    await ctx.session.send_tool_list_changed()
+    return f"added {name}"
 
 mcp.run()
 """
@@ -341,15 +348,19 @@ def legacy_python() -> str:
 async def test_legacy_sdk_server_is_reached_through_the_handshake(legacy_python: str, tmp_path: Path) -> None:
     script = tmp_path / "legacy.py"
     script.write_text(LEGACY_SERVER)
-    up = UpstreamServer("legacy", {"command": legacy_python, "args": [str(script)]}, **FAST)
+    spec = {"command": legacy_python, "args": [str(script)]}
+    up = UpstreamServer("legacy", spec, health_interval_s=None, **FAST)  # no probe: changes are announced
     before = children()
     await up.start()
     try:
         assert up.healthy, up.status()
         assert up.status()["protocol_version"] == "2025-11-25"  # not the stateless 2026-07-28
-        assert [t["name"] for t in up.tools] == ["legacy__add"]
+        assert [t["name"] for t in up.tools] == ["legacy__add", "legacy__grow"]
         added = await up.call("add", {"a": 2, "b": 3})
         assert added.text == "5" and added.structured == {"result": 5}
+        assert (await up.call("grow", {"name": "extra"})).text == "added extra"
+        await wait_until(lambda: "legacy__extra" in {t["name"] for t in up.tools})
+        assert (await up.call("extra", {})).text == "hello from extra"
 
         # It printed a validation error for our server/discover probe, and an INFO line per
         # request; when it dies, last_error quotes what it said since it came up, minus chatter.

@@ -127,3 +127,20 @@ async def test_a_per_session_call_keeps_its_deadline_while_the_instance_starts()
     finally:
         await session.close()
         await up.stop()
+
+
+async def test_a_changed_tool_list_is_followed_at_once() -> None:
+    # No health probe here: before, the list was read once, at connect, and the tool the
+    # server added was never offered (with the default probe, up to 30 s later).
+    up = UpstreamServer("unruly", {"command": sys.executable, "args": [UNRULY]}, health_interval_s=None)
+    changes: list[set[str]] = []
+    up.on_tools_changed = lambda server: changes.append({tool["name"] for tool in server.tools})
+    await up.start()
+    try:
+        assert (await up.call("grow", {"name": "extra"})).text == "added extra"
+        await wait_until(lambda: any("unruly__extra" in names for names in changes))
+        assert (await up.call("extra", {})).text == "hello from extra"
+        await up.call("grow", {"name": "another"})  # announced on the subscription, now surely up
+        await wait_until(lambda: any("unruly__another" in names for names in changes))
+    finally:
+        await up.stop()

@@ -1,7 +1,8 @@
 """A stdio MCP server (official SDK) that misbehaves on request, for the upstream failure tests.
 
 Tools: ``pid()`` (this process's id), ``sleep(seconds)`` (it notes when it starts and
-when it is cancelled in the file named by ``UNRULY_LOG``), and ``lookup(item)``, whose
+when it is cancelled in the file named by ``UNRULY_LOG``), ``grow(name)`` (adds a tool
+and sends the tools list-changed event to ``subscriptions/listen`` streams), and ``lookup(item)``, whose
 published ``inputSchema`` points (``$ref``) at a definition it does not have, as
 hand-written schemas sometimes do.
 
@@ -23,7 +24,7 @@ import threading
 import time
 
 import anyio
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 
 server = MCPServer("unruly")
 
@@ -63,6 +64,13 @@ server._tool_manager.get_tool("lookup").parameters = {  # type: ignore[union-att
     "properties": {"item": {"$ref": "#/$defs/Item"}},
     "required": ["item"],
 }
+
+
+@server.tool(description="Add a tool named `name` (it says hello) and tell subscribed clients.")
+async def grow(name: str, ctx: Context) -> str:
+    server.add_tool(lambda: f"hello from {name}", name=name, description="Added at run time.")
+    await ctx.notify_tools_changed()
+    return f"added {name}"
 
 
 def _flood() -> None:
