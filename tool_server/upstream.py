@@ -14,7 +14,9 @@ pushes every change. The parts, one module each:
 
 * ``upstream_config``: an entry's transport (``StdioSpec``/``HttpSpec``) and options;
 * ``upstream_tools``: exported names, argument checks, ``UpstreamTool``;
-* ``upstream_server``: ``UpstreamServer``, one supervised connection and its calls;
+* ``upstream_server``: ``UpstreamServer``, one server's settings, catalog and calls;
+* ``upstream_calls``: what a call sends besides its arguments, and what its outcome becomes;
+* ``upstream_supervisor``: the connection kept alive (reconnects, probes, tool-list changes);
 * ``upstream_sessions``: the per-session processes of a ``per_session`` server;
 * ``upstream_transport`` and ``upstream_stderr``: the connection, and what the process said.
 """
