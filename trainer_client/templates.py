@@ -14,14 +14,18 @@ itself. A model that stopped at ``<|im_end|>`` gets ``\\n``; one stopped by a st
 such as ``</tool_call>`` gets ``<|im_end|>\\n``. The result equals the chat template's
 rendering of the whole conversation.
 
+Observation content is data: an added-token string in it (``<|im_end|>``, ``<|eot_id|>``)
+is encoded as the ordinary text it is, so a tool result cannot close its turn or open one
+the model never wrote (``templates_codec``). For any other content the ids equal the
+tokenizer's on the chat template's rendering.
+
 The prefix tokens are cached per tool-name tuple, so a turn costs one template render
-and one tokenization of the observation.
+and one tokenization of the observation. Tool schemas in the prompt: ``templates_tools``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -30,7 +34,34 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from trainer_client.wordcache import WordCacheEncoder
+from trainer_client.templates_codec import TokenCodec
+from trainer_client.templates_tools import (
+    FUNCTION_CALL_FORMATS,
+    TOOL_SCHEMA_MODES,
+    openai_tool_schemas,
+    prompt_mentions_tools,
+    prompt_tools,
+    template_renders_tools,
+    tool_names,
+)
+
+__all__ = [
+    "CONTENT_FIELD",
+    "FUNCTION_CALL_FORMATS",
+    "SEARCH_R1_TEMPLATE",
+    "TOOL_SCHEMA_MODES",
+    "ChatTemplateRenderer",
+    "ObservationRenderer",
+    "Splice",
+    "TextTemplateRenderer",
+    "TokenCodec",
+    "make_renderer",
+    "openai_tool_schemas",
+    "prompt_mentions_tools",
+    "prompt_tools",
+    "template_renders_tools",
+    "tool_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -80,31 +111,6 @@ class ObservationRenderer(Protocol):
         turn_ids: Sequence[int],
         tools: list[dict[str, Any]] | None = None,
     ) -> Splice: ...
-
-
-class TokenCodec:
-    """Fast text <-> ids without special-token insertion or clean-up.
-
-    Uses the Rust ``tokenizers`` object directly when the tokenizer has one (about half
-    the per-call overhead of ``tokenizer.encode``); ids are identical.
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._words = WordCacheEncoder.for_tokenizer(self._backend) if self._backend is not None else None
-
-    def encode(self, text: str) -> list[int]:
-        if self._words is not None:
-            return self._words.encode(text)
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self._backend is not None:
-            return self._backend.decode(list(ids), skip_special_tokens=False)
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
@@ -260,36 +266,48 @@ class ChatTemplateRenderer(_RendererBase):
             if hit is not None:
                 self._memo.move_to_end(memo_key)
                 return hit.tolist()
-        text = self.render_text(
-            entry.messages + messages, add_generation_prompt=add_generation_prompt, tools=tools
+        markers = self.codec.literal_markers(
+            (t for m in messages for t in _content_texts(m.get("content"))),
+            avoid=(entry.text, str(self.tokenizer.chat_template)),
         )
-        ids = self._suffix_ids(entry, text, messages)
+        shown = [_marked(m, self.codec, markers) for m in messages] if markers else messages
+        text = self.render_text(
+            entry.messages + shown, add_generation_prompt=add_generation_prompt, tools=tools
+        )
+        ids = self._suffix_ids(entry, text, messages, markers)
         if memo_key is not None:
             self._memo[memo_key] = array("l", ids)
             if len(self._memo) > self._memo_size:
                 self._memo.popitem(last=False)
         return ids
 
-    def _suffix_ids(self, entry: _Prefix, text: str, messages: list[dict[str, Any]]) -> list[int]:
-        """Tokens of ``text`` after the prefix tokens.
+    def _suffix_ids(
+        self, entry: _Prefix, text: str, messages: list[dict[str, Any]], markers: dict[str, str]
+    ) -> list[int]:
+        """Tokens of ``text`` after the prefix tokens; ``markers`` (``TokenCodec.literal_markers``)
+        stand for special-token text in the content.
 
         Tokenizing only the text after the prefix gives the same ids when the suffix
         starts with a special token (the tokenizer splits there first); that is checked
         against the full tokenization the first time a prefix is used.
         """
+
+        def encode(part: str) -> list[int]:
+            return self.codec.encode_marked(part, markers) if markers else self.codec.encode(part)
+
         if entry.split_ok is not False and text.startswith(entry.text):
             tail = text[len(entry.text) :]
             if entry.split_ok:
-                return self.codec.encode(tail)
+                return encode(tail)
             if any(tail.startswith(t) for t in self._split_tokens):
-                fast = self.codec.encode(tail)
-                full = self.codec.encode(text)
+                fast = encode(tail)
+                full = encode(text)
                 entry.split_ok = full == entry.ids + fast
                 if entry.split_ok:
                     return fast
             else:
                 entry.split_ok = False
-        full = self.codec.encode(text)
+        full = encode(text)
         if full[: len(entry.ids)] != entry.ids:
             roles = [m.get("role") for m in messages]
             raise ValueError(
@@ -355,7 +373,34 @@ class TextTemplateRenderer(_RendererBase):
         tools: list[dict[str, Any]] | None = None,
     ) -> Splice:
         content = self.joiner.join(str(m.get("content") or "") for m in observations)
-        return Splice([], self.codec.encode(self.template.replace(CONTENT_FIELD, content)))
+        markers = self.codec.literal_markers([content], avoid=[self.template])
+        text = self.template.replace(CONTENT_FIELD, self.codec.mark(content, markers))
+        return Splice([], self.codec.encode_marked(text, markers) if markers else self.codec.encode(text))
+
+
+def _content_texts(content: Any) -> list[str]:
+    """The texts of a message's content: a string, or its text blocks' texts."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
+    return []
+
+
+def _marked(message: dict[str, Any], codec: TokenCodec, markers: dict[str, str]) -> dict[str, Any]:
+    """``message`` with the special-token text of its content replaced by markers."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return dict(message, content=codec.mark(content, markers))
+    if isinstance(content, list):
+        blocks = [
+            dict(b, text=codec.mark(b["text"], markers))
+            if isinstance(b, dict) and isinstance(b.get("text"), str)
+            else b
+            for b in content
+        ]
+        return dict(message, content=blocks)
+    return message
 
 
 def make_renderer(
@@ -387,115 +432,3 @@ def make_renderer(
     if tool_result_template == "search_r1":
         tool_result_template = SEARCH_R1_TEMPLATE
     return TextTemplateRenderer(tokenizer, tool_result_template, chat_template_kwargs=chat_template_kwargs)
-
-
-# --------------------------------------------------------------------------- tool schemas in the prompt
-
-# Where the tool schemas shown in the prompt come from (``--tool-schemas``):
-# "auto" the server's, when the template renders them and the prompt does not already
-# describe the tools; "server" the server's, always; "none" never. A dataset's own
-# ``extra_info["tools"]`` are used in every mode but "none".
-TOOL_SCHEMA_MODES = ("auto", "server", "none")
-
-# Formats whose calls are function calls, as a template's tool block tells the model to
-# write them; Search-R1's <search> tags are not, so "auto" shows no schemas for them.
-FUNCTION_CALL_FORMATS = frozenset({"hermes", "qwen", "llama3_json", "pythonic"})
-
-_PROBE_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "toolfactory_probe_tool",
-        "description": "probe",
-        "parameters": {"type": "object", "properties": {}},
-    },
-}
-
-
-def openai_tool_schemas(descriptors: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """MCP tool descriptors (``/v1/tools``) -> the ``{"type": "function", ...}`` schemas chat
-    templates expect. Schemas already in that form pass through."""
-    schemas = []
-    for d in descriptors:
-        if d.get("type") == "function" or "name" not in d:  # already a template schema
-            schemas.append(d)
-            continue
-        schemas.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": d["name"],
-                    "description": d.get("description") or "",
-                    "parameters": d.get("inputSchema") or {"type": "object", "properties": {}},
-                },
-            }
-        )
-    return schemas
-
-
-def template_renders_tools(tokenizer: Any, chat_template_kwargs: dict[str, Any] | None = None) -> bool:
-    """Whether ``apply_chat_template(..., tools=[...])`` puts the tools in the prompt.
-
-    SmolLM2's template ignores ``tools``; Qwen's and Llama 3.1's render them.
-    """
-    try:
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x"}],
-            tokenize=False,
-            add_generation_prompt=True,
-            tools=[_PROBE_TOOL],
-            **(chat_template_kwargs or {}),
-        )
-    except Exception as exc:  # a template that cannot take tools at all
-        logger.info("the chat template does not render tools: %s", exc)
-        return False
-    return _PROBE_TOOL["function"]["name"] in text
-
-
-def tool_names(tools: Sequence[dict[str, Any]]) -> list[str]:
-    names = []
-    for tool in tools:
-        spec = tool.get("function") if isinstance(tool.get("function"), dict) else tool
-        if isinstance(spec.get("name"), str):
-            names.append(spec["name"])
-    return names
-
-
-def prompt_mentions_tools(messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]]) -> bool:
-    """Whether the prompt already names one of the tools (an inline tool description)."""
-    text = "\n".join(str(m.get("content") or "") for m in messages)
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in tool_names(tools))
-
-
-def prompt_tools(
-    mode: str,
-    *,
-    messages: Sequence[dict[str, Any]],
-    dataset_tools: list[dict[str, Any]] | None,
-    server_tools: list[dict[str, Any]] | None,
-    renders_tools: bool,
-    format: str,
-) -> list[dict[str, Any]] | None:
-    """The tool schemas one task shows the model through the chat template (see
-    ``TOOL_SCHEMA_MODES``); None shows none.
-
-    "auto" leaves a prompt that already describes its tools as it is (the built-in
-    datasets and the few-shot prompts the demo and the examples rely on), so it changes
-    what the model sees only where it would otherwise see no tools at all.
-    """
-    if mode not in TOOL_SCHEMA_MODES:
-        raise ValueError(f"tool schema mode must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {mode!r}")
-    if mode == "none":
-        return None
-    if dataset_tools:
-        return openai_tool_schemas(dataset_tools)
-    if not server_tools:
-        return None
-    if mode == "server":
-        return server_tools
-    if (
-        renders_tools
-        and format in FUNCTION_CALL_FORMATS
-        and not prompt_mentions_tools(messages, server_tools)
-    ):
-        return server_tools
-    return None
