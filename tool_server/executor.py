@@ -43,7 +43,7 @@ import pydantic
 from protocol import Call, ErrorKind, Result, SessionState, VerifyRequest, VerifyResult, new_call_id
 from protocol.messages import ErrorInfo
 from tool_server.config import Config
-from tool_server.executor_admission import ANONYMOUS, Admission, Caller, Overloaded
+from tool_server.executor_admission import ANONYMOUS, Admission, BatchTooLarge, Caller, Overloaded
 from tool_server.executor_order import SessionOrder, Turn
 from tool_server.executor_output import OutputShaper
 from tool_server.executor_records import CallRecords, Fingerprint, canonical_arguments, storable
@@ -54,7 +54,15 @@ from tool_server.registry import VERIFIER_PREFIX, Registry, ToolEntry
 from tool_server.schema import format_validation_error
 from tool_server.sessions import SessionStore
 
-__all__ = ["ANONYMOUS", "Caller", "Executor", "Overloaded", "to_verify_result", "unknown_tool_message"]
+__all__ = [
+    "ANONYMOUS",
+    "BatchTooLarge",
+    "Caller",
+    "Executor",
+    "Overloaded",
+    "to_verify_result",
+    "unknown_tool_message",
+]
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,16 @@ from typing import Any
 from tool_server.auth import ANONYMOUS_TENANT
 from tool_server.config import ConfigError
 
-__all__ = ["ANONYMOUS", "Admission", "Caller", "Overloaded", "tenant_share"]
+__all__ = ["ANONYMOUS", "Admission", "BatchTooLarge", "Caller", "Overloaded", "tenant_share"]
 
 
 class Overloaded(Exception):
     """A batch cannot be admitted: the queue is full. The HTTP layer answers 429."""
+
+
+class BatchTooLarge(Exception):
+    """A batch larger than its caller may ever hold: waiting cannot help. The HTTP layer
+    answers 413 (a client splits the batch), not 429 (it would retry the same batch forever)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,16 @@ class Admission:
         return self.capacity if tenant == ANONYMOUS_TENANT else self.tenant_share
 
     def check_batch(self, tenant: str, size: int) -> None:
-        """Raise ``Overloaded`` unless a batch of ``size`` calls fits now."""
+        """Raise ``Overloaded`` unless a batch of ``size`` calls fits now, ``BatchTooLarge`` if
+        it never will."""
+        if size > self.share(tenant):
+            limit = "limits.max_concurrency + limits.max_queue"
+            if self.share(tenant) < self.capacity:
+                limit = "limits.max_admitted_per_tenant"
+            raise BatchTooLarge(
+                f"{size} calls in one batch; one token may hold at most {self.share(tenant)} "
+                f"admitted calls ({limit}): send them in smaller batches"
+            )
         if self.admitted + size > self.capacity:
             raise Overloaded(
                 f"server busy: {self.admitted} calls admitted, capacity {self.capacity}; "

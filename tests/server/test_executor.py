@@ -12,7 +12,7 @@ import pytest
 from protocol import Call, SessionState, ToolContext, ToolError, new_call_id, tool
 from tool_server.app import build_registry
 from tool_server.config import ConfigError, config_from_dict, load_config
-from tool_server.executor import Executor, Overloaded
+from tool_server.executor import BatchTooLarge, Executor, Overloaded
 
 EVENTS: dict[str, list[str]] = {"cancelled": [], "closed": [], "threads": []}
 _concurrent = {"now": 0, "peak": 0}
@@ -155,8 +155,13 @@ async def test_per_tool_concurrency_limit():
 async def test_admission_control_raises_overloaded():
     executor = make_executor(limits={"max_concurrency": 1, "max_queue": 1})
     await executor.start()
-    with pytest.raises(Overloaded, match="capacity 2"):
+    with pytest.raises(BatchTooLarge, match="at most 2 admitted calls"):  # waiting cannot help
         await executor.run_batch([Call(new_call_id(), "limited", {}) for _ in range(3)])
+    running = asyncio.create_task(executor.run_batch([Call(new_call_id(), "limited", {}) for _ in range(2)]))
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded, match="capacity 2"):  # full now: retry later
+        await executor.run_batch([Call(new_call_id(), "limited", {})])
+    assert not any(r.is_error for r in await running)
     single = executor.run_one(Call(new_call_id(), "limited", {}))
     assert not (await single).is_error
 

@@ -255,3 +255,29 @@ def test_a_tenant_over_its_share_gets_429_while_another_is_admitted() -> None:
         assert "one token may hold 6 (limits.max_admitted_per_tenant)" in over.json()["error"]["message"]
         assert other.status_code == 200 and not decode_results(other.content)[0].is_error
         assert flood.status_code == 200 and all(not r.is_error for r in decode_results(flood.content))
+
+
+def test_a_batch_larger_than_a_token_may_ever_hold_is_413_not_an_endless_429() -> None:
+    # capacity 8, share 6: seven calls from one token can never be admitted, however long it
+    # waits; 429 + Retry-After told it to retry the same batch forever.
+    config = server_config(limits={"max_concurrency": 1, "max_queue": 7})
+    with running_server(config, env=TOKENS) as srv:
+        too_many = httpx.post(srv.url + "/v1/calls", json={"calls": sleeps(7, 0)}, headers=auth(TOKEN_A))
+        assert too_many.status_code == 413, too_many.text
+        assert too_many.json()["error"]["kind"] == "too_large"
+        assert (
+            "at most 6 admitted calls (limits.max_admitted_per_tenant)" in too_many.json()["error"]["message"]
+        )
+        fits = httpx.post(srv.url + "/v1/calls", json={"calls": sleeps(6, 0)}, headers=auth(TOKEN_A))
+        assert fits.status_code == 200 and all(not r.is_error for r in decode_results(fits.content))
+
+        async def through_the_client() -> list[Any]:
+            from trainer_client.client import ToolClient
+
+            async with ToolClient(srv.url, token=TOKEN_A) as client:
+                return await client.call_tools(
+                    [Call(new_call_id(), "echo", {"text": str(i)}) for i in range(20)]
+                )
+
+        results = asyncio.run(through_the_client())  # the client splits what a 413 refused
+        assert [r.structured["text"] for r in results] == [str(i) for i in range(20)]
