@@ -132,11 +132,21 @@ class SessionState:
         self._closers.append(callback)
 
     async def close(self) -> None:
+        """Run every callback, newest first, even past one that fails (a broken cleanup must
+        not leave an interpreter running); then raise what failed."""
         closers, self._closers = self._closers, []
+        errors: list[Exception] = []
         for callback in reversed(closers):
-            outcome = callback()
-            if outcome is not None:
-                await outcome
+            try:
+                outcome = callback()
+                if outcome is not None:
+                    await outcome
+            except Exception as exc:
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise ExceptionGroup(f"{len(errors)} cleanups of session {self.id!r} failed", errors)
 
 
 @runtime_checkable

@@ -275,3 +275,24 @@ async def test_a_non_blocking_tool_that_overruns_is_reported(caplog):
         result = await executor.run_one(Call(new_call_id(), "overrunning", {}))
     assert result.text == "late"
     assert "overrunning is marked blocking=False but took" in caplog.text
+
+
+async def test_a_failing_session_cleanup_does_not_skip_the_others():
+    ran: list[str] = []
+    session = SessionState("s")
+
+    async def kill_interpreter() -> None:
+        ran.append("interpreter")
+
+    def broken() -> None:
+        ran.append("broken")
+        raise RuntimeError("cleanup bug")
+
+    session.on_close(kill_interpreter)
+    session.on_close(broken)
+    session.on_close(lambda: ran.append("newest"))
+    with pytest.raises(RuntimeError, match="cleanup bug"):
+        await session.close()
+    assert ran == ["newest", "broken", "interpreter"]  # before: the interpreter was never killed
+    await session.close()  # each callback runs once
+    assert ran == ["newest", "broken", "interpreter"]
