@@ -38,7 +38,10 @@ class SessionPool:
         if instance is None:
             await self._make_room()
             instance = session.data.get(key) or await self._start(session, key)
-        if not await instance.wait_attempted(self.owner.connect_timeout_s + 5) or not instance.healthy:
+        if not await instance.wait_attempted(self.owner.connect_timeout_s + 5):
+            # It goes on starting for this session: a retry may find it up.
+            raise ToolError(f"{instance.label} is still starting; retry the call", ErrorKind.UNAVAILABLE)
+        if not instance.healthy:  # it never restarts: the session's world is gone
             why = f": {instance.last_error}" if instance.last_error else ""
             raise ToolError(
                 f"{instance.label} is {instance.state}{why}; start a new session", ErrorKind.UNAVAILABLE

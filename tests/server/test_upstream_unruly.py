@@ -144,3 +144,21 @@ async def test_a_changed_tool_list_is_followed_at_once() -> None:
         await wait_until(lambda: any("unruly__another" in names for names in changes))
     finally:
         await up.stop()
+
+
+async def test_a_per_session_instance_slow_to_start_is_waited_for_not_given_up() -> None:
+    # It needs longer than the pool waits for it (connect_timeout_s + 5 s). Before: the
+    # call said "start a new session", though the instance went on starting for this one.
+    spec = {"command": sys.executable, "args": [UNRULY, "--start-delay", "7"]}
+    up = UpstreamServer("late", spec, per_session=True, connect_timeout_s=0.5, call_timeout_s=60)
+    await up.start(wait=False)
+    session = SessionState("s")
+    try:
+        first = await up.call("pid", {}, session=session)
+        assert first.error is not None and first.error.kind == ErrorKind.UNAVAILABLE, first.text
+        assert "still starting" in first.error.message and "new session" not in first.error.message
+        await wait_until(lambda: session.data["upstream:late"].healthy, timeout_s=60)
+        assert not (await up.call("pid", {}, session=session)).is_error
+    finally:
+        await session.close()
+        await up.stop()
