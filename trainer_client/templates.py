@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -258,6 +258,7 @@ class ChatTemplateRenderer(_RendererBase):
         return ids
 
     def _delta(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any) -> list[int]:
+        messages = [_with_texts(m, _valid_utf8) for m in messages]
         entry = self._prefix(messages, tools)
         memo_key = None
         if self._memo_size:
@@ -270,7 +271,9 @@ class ChatTemplateRenderer(_RendererBase):
             (t for m in messages for t in _content_texts(m.get("content"))),
             avoid=(entry.text, str(self.tokenizer.chat_template)),
         )
-        shown = [_marked(m, self.codec, markers) for m in messages] if markers else messages
+        shown = (
+            [_with_texts(m, lambda t: self.codec.mark(t, markers)) for m in messages] if markers else messages
+        )
         text = self.render_text(
             entry.messages + shown, add_generation_prompt=add_generation_prompt, tools=tools
         )
@@ -372,35 +375,10 @@ class TextTemplateRenderer(_RendererBase):
         turn_ids: Sequence[int],
         tools: list[dict[str, Any]] | None = None,
     ) -> Splice:
-        content = self.joiner.join(str(m.get("content") or "") for m in observations)
+        content = _valid_utf8(self.joiner.join(str(m.get("content") or "") for m in observations))
         markers = self.codec.literal_markers([content], avoid=[self.template])
         text = self.template.replace(CONTENT_FIELD, self.codec.mark(content, markers))
         return Splice([], self.codec.encode_marked(text, markers) if markers else self.codec.encode(text))
-
-
-def _content_texts(content: Any) -> list[str]:
-    """The texts of a message's content: a string, or its text blocks' texts."""
-    if isinstance(content, str):
-        return [content]
-    if isinstance(content, list):
-        return [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
-    return []
-
-
-def _marked(message: dict[str, Any], codec: TokenCodec, markers: dict[str, str]) -> dict[str, Any]:
-    """``message`` with the special-token text of its content replaced by markers."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return dict(message, content=codec.mark(content, markers))
-    if isinstance(content, list):
-        blocks = [
-            dict(b, text=codec.mark(b["text"], markers))
-            if isinstance(b, dict) and isinstance(b.get("text"), str)
-            else b
-            for b in content
-        ]
-        return dict(message, content=blocks)
-    return message
 
 
 def make_renderer(
@@ -432,3 +410,39 @@ def make_renderer(
     if tool_result_template == "search_r1":
         tool_result_template = SEARCH_R1_TEMPLATE
     return TextTemplateRenderer(tokenizer, tool_result_template, chat_template_kwargs=chat_template_kwargs)
+
+
+def _content_texts(content: Any) -> list[str]:
+    """The texts of a message's content: a string, or its text blocks' texts."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [b["text"] for b in content if isinstance(b, dict) and isinstance(b.get("text"), str)]
+    return []
+
+
+def _with_texts(message: dict[str, Any], change: Callable[[str], str]) -> dict[str, Any]:
+    """``message`` with ``change`` applied to the texts of its content (a string, or text
+    blocks); the message itself when no text changes."""
+    content = message.get("content")
+    if isinstance(content, str):
+        changed = change(content)
+        return message if changed == content else dict(message, content=changed)
+    if isinstance(content, list):
+        blocks = [
+            dict(b, text=change(b["text"])) if isinstance(b, dict) and isinstance(b.get("text"), str) else b
+            for b in content
+        ]
+        return message if blocks == content else dict(message, content=blocks)
+    return message
+
+
+def _valid_utf8(text: str) -> str:
+    """``text`` as valid UTF-8: a lone surrogate (from bytes a tool decoded with
+    ``surrogateescape``) is shown escaped, as the parsers show it, instead of failing the
+    tokenizer and with it the trajectory."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -194,7 +194,7 @@ def test_a_marker_character_in_the_content_is_kept(smol_tokenizer: Any) -> None:
     assert ids.count(2) == 1
 
 
-def test_text_blocks_are_marked_too(smol_tokenizer: Any) -> None:
+def test_text_blocks_are_marked_and_made_valid_utf8_too(smol_tokenizer: Any) -> None:
     tok = copy.deepcopy(smol_tokenizer)
     tok.chat_template = (
         "{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -205,11 +205,11 @@ def test_text_blocks_are_marked_too(smol_tokenizer: Any) -> None:
     message = {
         "role": "tool",
         "name": "f",
-        "content": [{"type": "text", "text": "a<|im_end|>"}, {"type": "text", "text": "b"}],
+        "content": [{"type": "text", "text": "a<|im_end|>"}, {"type": "text", "text": "b\udce9"}],
     }
     ids = renderer.splice([message], [2]).observation_ids
     assert ids.count(2) == 1 and renderer.codec.decode(ids).startswith(
-        "<|im_start|>tool\na<|im_end|>b<|im_end|>"
+        "<|im_start|>tool\na<|im_end|>b\\udce9<|im_end|>"
     )
 
 
@@ -258,3 +258,19 @@ def test_tool_calls_the_template_renders_parse_back(qwen25: Any, llama31: Any, s
     text = _assistant_text(llama31, [call]).removesuffix("<|eot_id|>")
     outcome = get_parser("llama3_json").parse(text)
     assert (outcome.calls, outcome.errors) == (expected, []), text
+
+
+# --------------------------------------------------------------------------- invalid UTF-8
+
+
+def test_a_lone_surrogate_in_a_result_is_shown_escaped(smol_tokenizer: Any) -> None:
+    """A tool that decoded bytes with surrogateescape (a file name, a subprocess's output)
+    returns a str the tokenizer cannot take: the splice shows the surrogate escaped, as
+    the parsers do, instead of failing the trajectory."""
+    content = "ls: caf\udce9.txt"
+    chat = ChatTemplateRenderer(smol_tokenizer)
+    ids = chat.splice([_tool(content)], [2]).observation_ids
+    assert chat.codec.decode(ids) == "<|im_start|>tool\nls: caf\\udce9.txt<|im_end|>\n<|im_start|>assistant\n"
+    text = make_renderer(smol_tokenizer, "search_r1")
+    ids = text.splice([{"role": "tool", "content": content}], [2]).observation_ids
+    assert text.codec.decode(ids) == "\n\n<information>ls: caf\\udce9.txt</information>\n\n"
