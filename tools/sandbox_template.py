@@ -22,6 +22,7 @@ import json
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 from collections.abc import Callable
@@ -55,9 +56,10 @@ COMMON_MODULES = (
     "struct", "textwrap", "time", "typing", "unicodedata",
 )  # fmt: skip
 FORGOTTEN: set[int] = set()  # workers the server stopped waiting for: reaped once they exit
-# Workers handed a session and not reaped yet: killed when the server is gone (a server killed
-# outright cleans up nothing, and a worker stopped between calls never sees the hang-up).
-WORKERS: set[int] = set()
+# Workers handed a session and not reaped yet, with their host directories: killed and removed
+# when the server is gone (a server killed outright cleans up nothing, and a worker stopped
+# between calls never sees the hang-up).
+WORKERS: dict[int, str] = {}
 TEMPLATE_NETWORK = ""  # the template's own network: what a worker without namespaces stays in
 STAGE = ""  # where the template mounts prepared roots, in its own mount namespace ("" if none)
 PREPARED: dict[tuple[str, ...], tuple[str, str] | None] = {}  # hide list: (root, /proc report)
@@ -236,11 +238,11 @@ def reaped(pid: int) -> int | str | None:
     try:
         done, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        WORKERS.discard(pid)
+        WORKERS.pop(pid, None)
         return None
     if done == 0:
         return "running"
-    WORKERS.discard(pid)
+    WORKERS.pop(pid, None)
     return os.waitstatus_to_exitcode(status)
 
 
@@ -277,7 +279,7 @@ def answer(
         pid = os.fork()
         if pid == 0:
             become_worker(template, config, fds)
-    WORKERS.add(pid)
+    WORKERS[pid] = str(config.get("hostdir") or "")
     return {"pid": pid}, os.pidfd_open(pid)  # the server's handle: never a recycled pid
 
 
@@ -334,11 +336,16 @@ def leave(stage: str) -> NoReturn:
     """Exit once the server is gone, killing the workers it left and removing the directory it
     made for the stage (it may have died without a chance to: a server killed by a signal runs
     no atexit). Spares exit by themselves when their socket to the template closes."""
-    for pid in WORKERS:  # unreaped children: neither pid nor process group can have been reused
+    for pid, hostdir in WORKERS.items():  # unreaped: neither pid nor group can have been reused
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)  # its own group (cut_ties): the session's children too
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        if hostdir:  # what the session wrote; shutil.rmtree follows no link a session planted
+            shutil.rmtree(hostdir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(hostdir))  # the server's root for them, once empty
     with contextlib.suppress(OSError):
         if STAGE:
             libc_call(LIBC, "umount stage", LIBC.umount2, STAGE.encode(), MNT_DETACH)

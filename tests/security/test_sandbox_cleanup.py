@@ -145,7 +145,7 @@ def test_sigterm_of_a_server_with_the_python_tool_leaves_nothing(tmp_path: Path)
 def test_sigkill_of_a_process_holding_a_pool_leaves_no_worker_running(tmp_path: Path) -> None:
     """A replica killed outright (OOM killer, kill -9) runs no clean-up of its own: its template
     sees the hang-up and kills the workers it forked, which would otherwise sit stopped forever,
-    holding their memory and uids."""
+    holding their memory and uids, and their directories would stay in the temp dir."""
     proc = python(HOLD_POOL_PIDS, tmp_path)
     assert proc.stdout is not None
     pids = []
@@ -157,7 +157,8 @@ def test_sigkill_of_a_process_holding_a_pool_leaves_no_worker_running(tmp_path: 
     proc.kill()
     proc.communicate(timeout=30)
     for _ in range(1000):
-        if not any(alive(pid) for pid in pids):
+        if not any(alive(pid) for pid in pids) and not leftovers(tmp_path):
             break
         time.sleep(0.01)
     assert [pid for pid in pids if alive(pid)] == [], "workers outlived their killed server"
+    assert leftovers(tmp_path) == []  # nor their directories (what the sessions wrote)
