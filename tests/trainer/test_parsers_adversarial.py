@@ -55,8 +55,19 @@ def _arguments(rng: random.Random, tricky: bool) -> dict[str, Any]:
 
 
 def _filler(rng: random.Random) -> str:
-    """Text between calls: prose and JSON-looking noise, never a tag."""
-    pool = ["", " ", "\n", "Let me call a tool. ", '{"not": "a call"} ', "é 😀 ", "[1, 2] ", "} ] ) "]
+    """Text between calls: prose and JSON-looking noise, and an answer (calls written after
+    it are still read: ending the trajectory on an answer is the rollout's decision)."""
+    pool = [
+        "",
+        " ",
+        "\n",
+        "Let me call a tool. ",
+        '{"not": "a call"} ',
+        "é 😀 ",
+        "[1, 2] ",
+        "} ] ) ",
+        "<answer>42</answer>",
+    ]
     return "".join(rng.choice(pool) for _ in range(rng.randint(0, 3)))
 
 
