@@ -58,7 +58,9 @@ class ObservationBudget:
             c + self.renderer.placeholder_extra for i, c in enumerate(splice.image_tokens) if i not in notes
         )
         text_budget = max(0, budget - kept - sum(len(self.codec.encode(n)) for n in notes.values()))
-        content_ids = [self.codec.encode(content_text(o.get("content"))) for o in observations]
+        # Content is spliced as data (special-token text as ordinary text): count it so.
+        encode = getattr(self.codec, "encode_text", self.codec.encode)
+        content_ids = [encode(content_text(o.get("content"))) for o in observations]
         limits = share(text_budget, [len(ids) for ids in content_ids])
         first_image = 0
         for k, (o, ids, limit) in enumerate(zip(observations, content_ids, limits, strict=True)):

@@ -59,6 +59,13 @@ class TokenCodec:
 
     # ------------------------------------------------------------------ text that stays text
 
+    def encode_text(self, text: str) -> list[int]:
+        """The ids of ``text`` read as data, as an observation's content is spliced: its
+        added-token strings are ordinary text (what the observation budget counts)."""
+        if self._added is None or not self._added.search(text):
+            return self.encode(text)
+        return self._encode_ordinary(text, self._ordinary)
+
     def literal_markers(self, texts: Iterable[str], avoid: Iterable[str] = ()) -> dict[str, str]:
         """A marker character for each added-token string that occurs in ``texts``; none
         of the markers occurs in ``texts`` or ``avoid``. Empty when no text holds one

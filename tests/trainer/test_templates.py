@@ -274,3 +274,24 @@ def test_a_lone_surrogate_in_a_result_is_shown_escaped(smol_tokenizer: Any) -> N
     text = make_renderer(smol_tokenizer, "search_r1")
     ids = text.splice([{"role": "tool", "content": content}], [2]).observation_ids
     assert text.codec.decode(ids) == "\n\n<information>ls: caf\\udce9.txt</information>\n\n"
+
+
+# --------------------------------------------------------------------------- observation budget
+
+
+def test_the_observation_budget_counts_special_token_text_as_spliced(smol_tokenizer: Any) -> None:
+    """A result of 500 "<|im_end|>" strings is 500 tokens to the tokenizer but 3500 as the
+    text it is spliced as: the budget counts what is spliced, so the cut result fits."""
+    from collections import Counter
+
+    from trainer_client.observation_budget import ObservationBudget
+    from trainer_client.rollout_types import RolloutConfig
+
+    renderer = ChatTemplateRenderer(smol_tokenizer)
+    config = RolloutConfig(max_obs_tokens=100)
+    budget = ObservationBudget(renderer, renderer.codec, config)
+    overhead = len(renderer.splice([_tool("")], [2]).observation_ids)
+    marker = len(renderer.codec.encode(config.truncation_marker.format(n=99999)))
+    splice = budget.splice([_tool("<|im_end|>" * 500)], [2], None, Counter())
+    assert len(splice.observation_ids) <= overhead + config.max_obs_tokens + marker
+    assert splice.observation_ids.count(2) == 1  # the template's own <|im_end|>
