@@ -116,9 +116,9 @@ class CallRunner:
         session: SessionState | None = None
         try:
             kwargs, session = self._prepare(call, entry, caller, kwargs, lent or ephemeral)
-            if entry.upstream is not None:  # the session carries per-trajectory upstream state
-                return self.shaper.checked(await entry.func(call, entry.meta.timeout_s, session))
             timeout = min(entry.meta.timeout_s, self.max_timeout_s)
+            if entry.upstream is not None:  # the session carries per-trajectory upstream state
+                return self.shaper.checked(await entry.func(call, timeout, session))
             try:
                 async with asyncio.timeout(timeout) as deadline:
                     if entry.is_async:

@@ -162,3 +162,19 @@ async def test_a_per_session_instance_slow_to_start_is_waited_for_not_given_up()
     finally:
         await session.close()
         await up.stop()
+
+
+def test_limits_max_timeout_s_bounds_upstream_calls_too() -> None:
+    # The upstream's own call timeout (call_timeout_s, 60 s) is above the server's ceiling on
+    # any tool's timeout (limits.max_timeout_s, 1 s). Before: upstream calls were given their
+    # own timeout unchanged, so a hung upstream call held its slot past the ceiling.
+    config = server_config(
+        limits={"max_timeout_s": 1},
+        mcpServers={"unruly": {"command": sys.executable, "args": [UNRULY], "call_timeout_s": 60}},
+    )
+    with running_server(config) as srv:
+        wait_for(lambda: "unruly__sleep" in httpx.get(srv.url + "/v1/tools").text)
+        body = {"calls": [{"call_id": "c1", "name": "unruly__sleep", "arguments": {"seconds": 30}}]}
+        response = httpx.post(srv.url + "/v1/calls", json=body, timeout=20)  # 30 s sleep: not waited for
+        (result,) = decode_results(response.content)
+        assert result.error is not None and result.error.kind == ErrorKind.TIMEOUT, result.text
