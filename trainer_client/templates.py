@@ -267,13 +267,7 @@ class ChatTemplateRenderer(_RendererBase):
             if hit is not None:
                 self._memo.move_to_end(memo_key)
                 return hit.tolist()
-        markers = self.codec.literal_markers(
-            (t for m in messages for t in _content_texts(m.get("content"))),
-            avoid=(entry.text, str(self.tokenizer.chat_template)),
-        )
-        shown = (
-            [_with_texts(m, lambda t: self.codec.mark(t, markers)) for m in messages] if markers else messages
-        )
+        shown, markers = self._marked(messages, entry)
         text = self.render_text(
             entry.messages + shown, add_generation_prompt=add_generation_prompt, tools=tools
         )
@@ -283,6 +277,20 @@ class ChatTemplateRenderer(_RendererBase):
             if len(self._memo) > self._memo_size:
                 self._memo.popitem(last=False)
         return ids
+
+    def _marked(
+        self, messages: list[dict[str, Any]], entry: _Prefix
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """``messages`` with the added-token strings of their content replaced by markers
+        (``TokenCodec.literal_markers``), and the markers; the messages themselves when
+        none holds one."""
+        markers = self.codec.literal_markers(
+            (t for m in messages for t in _content_texts(m.get("content"))),
+            avoid=(entry.text, str(self.tokenizer.chat_template), str(self.chat_template_kwargs)),
+        )
+        if not markers:
+            return messages, markers
+        return [_with_texts(m, lambda t: self.codec.mark(t, markers)) for m in messages], markers
 
     def _suffix_ids(
         self, entry: _Prefix, text: str, messages: list[dict[str, Any]], markers: dict[str, str]

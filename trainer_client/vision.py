@@ -182,9 +182,12 @@ class VisionChatRenderer(ChatTemplateRenderer):
         if not has_images(observations):
             return super().splice(observations, turn_ids, tools)
         entry = self._prefix(observations, tools)
-        text = self.render_text(entry.messages + observations, add_generation_prompt=True, tools=tools)
+        # Special-token text in the content (a turn's end, an image placeholder a tool wrote)
+        # is marked, so only the template's placeholders are expanded and made tokens.
+        shown, markers = self._marked(observations, entry)
+        text = self.render_text(entry.messages + shown, add_generation_prompt=True, tools=tools)
         images = [decode_image(b) for m in observations for b in image_blocks(m.get("content"))]
-        ids, prefix = self._tokenize(entry, text, images)
+        ids, prefix = self._tokenize(entry, text, images, markers)
         if ids[: len(prefix)] != prefix:
             raise ValueError(
                 "the processor does not tokenize tool messages with images as an append-only extension"
@@ -198,37 +201,55 @@ class VisionChatRenderer(ChatTemplateRenderer):
             )
         return Splice(self.boundary_ids(turn_ids), observation_ids, images, counts)
 
-    def _tokenize(self, entry: Any, text: str, images: list[Any]) -> tuple[list[int], list[int]]:
-        """Ids of ``text`` with its placeholders expanded for ``images``, and of the prefix.
+    def _tokenize(
+        self, entry: Any, text: str, images: list[Any], markers: dict[str, str]
+    ) -> tuple[list[int], list[int]]:
+        """Ids of ``text`` with its placeholders expanded for ``images``, and of the prefix;
+        ``markers`` stand for special-token text in the content (``TokenCodec.encode_marked``).
 
         The processor's own call also computes every pixel value (12x the time of this
-        path for a 768-px view: bench/bench_vision_splice.py), which the splice throws away. So where the processor can count an image's
-        tokens from its size (``_get_num_multimodal_tokens``, what vLLM uses), the pads are
-        written into the text and the codec tokenizes it; the first ``_FAST_CHECKS``
-        observations are also run through the processor and must agree, else the
-        processor is used from then on."""
-        fast = self._expanded(text, images) if self._fast_checks_left >= 0 else None
+        path for a 768-px view: bench/bench_vision_splice.py), which the splice throws away.
+        So where the processor can count an image's tokens from its size
+        (``_get_num_multimodal_tokens``, what vLLM uses), the pads are written into the text
+        and the codec tokenizes it; the first ``_FAST_CHECKS`` observations are also run
+        through the processor and must agree, else the processor is used from then on.
+        The processor reads a marker as the character it is, so with markers its call gives
+        the pad counts and the codec the ids."""
+        fast = self._expanded(text, self._counted(images)) if self._fast_checks_left >= 0 else None
         if fast is not None and self._fast_checks_left == 0:
-            return self.codec.encode(fast), entry.ids
+            return self._encode(fast, markers), entry.ids
         slow = self._processor_ids(text, images)
         if fast is not None:
             agrees = self.codec.encode(fast) == slow and entry.ids == self._processor_prefix_ids(entry)
             self._fast_checks_left = self._fast_checks_left - 1 if agrees else -1
+        if markers:
+            expanded = self._expanded(text, self.image_token_runs(slow))
+            if expanded is None:
+                raise ValueError("the processor's image token runs do not match the placeholders")
+            return self.codec.encode_marked(expanded, markers), entry.ids
         return slow, self._processor_prefix_ids(entry)
 
-    def _expanded(self, text: str, images: list[Any]) -> str | None:
-        """``text`` with each image placeholder repeated as many times as its image has
-        tokens, or None where the processor cannot count them."""
+    def _encode(self, text: str, markers: dict[str, str]) -> list[int]:
+        return self.codec.encode_marked(text, markers) if markers else self.codec.encode(text)
+
+    def _counted(self, images: list[Any]) -> list[int] | None:
+        """Each image's token count from its size, or None where the processor cannot say."""
         counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
-        token = getattr(self.processor, "image_token", None)
-        if counter is None or not isinstance(token, str):
+        if counter is None:
             return None
         try:
             counted = counter(
                 image_sizes=[(im.height, im.width) for im in images], **self.mm_processor_kwargs
             )
-            counts = [int(n) for n in counted["num_image_tokens"]]
+            return [int(n) for n in counted["num_image_tokens"]]
         except Exception:  # a processor whose counter takes other arguments: use the processor
+            return None
+
+    def _expanded(self, text: str, counts: list[int] | None) -> str | None:
+        """``text`` with each image placeholder repeated ``counts[i]`` times, or None where
+        there are no counts or they do not match the placeholders."""
+        token = getattr(self.processor, "image_token", None)
+        if counts is None or not isinstance(token, str):
             return None
         parts = text.split(token)
         if len(parts) != len(counts) + 1:
