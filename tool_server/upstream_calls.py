@@ -12,10 +12,11 @@ from typing import Any
 import anyio
 import httpx2
 from mcp.shared.exceptions import MCPError
-from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT, CallToolResult
+from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, PARSE_ERROR, REQUEST_TIMEOUT, CallToolResult
 
 from protocol import CALL_ID_META_KEY, SESSION_META_KEY, ErrorKind, Result, SessionState
 from protocol.messages import ErrorInfo
+from tool_server.upstream_stdio import MESSAGE_TOO_LARGE
 
 __all__ = ["CallError", "call_error", "call_outcome", "failure", "request_meta"]
 
@@ -66,6 +67,8 @@ def call_error(exc: Exception, *, tool: str, upstream_tool: str, label: str, dea
     if isinstance(exc, MCPError):
         if exc.code == REQUEST_TIMEOUT:
             return late
+        if _too_large(exc):
+            return CallError(ErrorKind.TOO_LARGE, f"{tool}: {exc.error.message}")
         if exc.code == CONNECTION_CLOSED:
             lost = f"connection closed during a call to {upstream_tool!r}"
             return CallError(ErrorKind.UNAVAILABLE, f"{label} closed the connection", lost)
@@ -81,6 +84,14 @@ def call_error(exc: Exception, *, tool: str, upstream_tool: str, label: str, dea
         return CallError(ErrorKind.UNAVAILABLE, f"{label} is reconnecting: {exc}")
     # e.g. output that fails the tool's own outputSchema
     return CallError(ErrorKind.TOOL_ERROR, f"{tool}: {type(exc).__name__}: {exc}")
+
+
+def _too_large(exc: MCPError) -> bool:
+    """The answer was over ``max_message_bytes``: over stdio our code stands in for it; over HTTP
+    the SDK fails the request (a JSON body: parse error; an SSE event: stream closed), naming the limit."""
+    if exc.code == MESSAGE_TOO_LARGE:
+        return True
+    return exc.code in (PARSE_ERROR, CONNECTION_CLOSED) and "byte limit" in exc.error.message
 
 
 def _elapsed_ms(started: float) -> float:

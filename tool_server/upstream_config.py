@@ -19,6 +19,7 @@ __all__ = [
     "HttpSpec",
     "StdioSpec",
     "backoff",
+    "byte_limit",
     "flag",
     "interval",
     "parse_options",
@@ -50,6 +51,7 @@ OPTION_KEYS = frozenset(
         "session_arg",
         "per_session",
         "max_sessions",
+        "max_message_bytes",
     }
 )
 
@@ -188,6 +190,12 @@ def positive(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise ValueError(f"{where} must be a positive number of seconds, got {value!r}")
     return float(value)
+
+
+def byte_limit(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{where} must be a positive whole number of bytes, got {value!r}")
+    return value
 
 
 def interval(value: Any, where: str) -> float | None:

@@ -26,6 +26,7 @@ from tool_server.upstream_config import (
     HttpSpec,
     StdioSpec,
     backoff,
+    byte_limit,
     flag,
     interval,
     parse_spec,
@@ -69,6 +70,8 @@ class UpstreamServer:
             it is taken out of the schema the model sees.
         per_session: one process per session (stdio only), for servers that keep state in
             memory; at most ``max_sessions`` at once, each stopped when its session closes.
+        max_message_bytes: the most one message from the server may take (stdio); a longer
+            one is discarded as it arrives and the call it answers fails (``too_large``).
         disabled_tools: upstream tool names not to expose.
         restart: reconnect when the connection ends (per-session instances do not: their
             state would be gone).
@@ -92,6 +95,7 @@ class UpstreamServer:
         session_arg: str | None = None,
         per_session: bool = False,
         max_sessions: int = 8,
+        max_message_bytes: int = 32 * 1024 * 1024,
         disabled_tools: Iterable[str] = (),
         restart: bool = True,
         errlog: TextIO | None = None,
@@ -118,6 +122,7 @@ class UpstreamServer:
         self._check_session_options(session_arg, max_sessions)
         self.session_arg = session_arg
         self.max_sessions = int(max_sessions)
+        self.max_message_bytes = byte_limit(max_message_bytes, f"{where}.max_message_bytes")
         self.disabled_tools = frozenset(disabled_tools)
         self.restart = restart
         self.errlog = errlog
@@ -339,6 +344,7 @@ class UpstreamServer:
             separator=self.separator,
             call_timeout_s=self.call_timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            max_message_bytes=self.max_message_bytes,
             health_interval_s=None,
             disabled_tools=self.disabled_tools,
             restart=False,  # a restarted process would be a fresh world: the session's state is gone

@@ -266,6 +266,7 @@ class Supervisor:
             errlog=errlog,
             connect_timeout_s=server.connect_timeout_s,
             call_timeout_s=server.call_timeout_s,
+            max_message_bytes=server.max_message_bytes,
         )
 
     def _with_stderr(self, message: str) -> str:

@@ -3,6 +3,9 @@
 ``open_transport`` gives the SDK client a stdio subprocess or a streamable HTTP
 connection whose read stream reports when it ends: that is how a dead stdio process
 shows itself (its stdout closes), and what the supervisor waits on to reconnect.
+Either way one message from the server holds at most ``max_message_bytes`` of our memory
+(stdio: ``upstream_stdio``; HTTP: the SDK's SSE event limit, and ``_BoundedBodies`` for
+JSON bodies).
 ``describe_failure`` says why a connection attempt failed, the way an operator reads it.
 """
 
@@ -15,12 +18,12 @@ from typing import Any, TextIO
 
 import anyio
 import httpx2
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from tool_server.upstream_config import HttpSpec, StdioSpec
+from tool_server.upstream_stdio import bounded_stdio_client
 
 __all__ = ["describe_failure", "exc_text", "open_transport"]
 
@@ -32,20 +35,21 @@ def open_transport(
     errlog: TextIO,
     connect_timeout_s: float,
     call_timeout_s: float,
+    max_message_bytes: int,
 ) -> contextlib.AbstractAsyncContextManager[tuple[Any, Any]]:
     """The SDK transport for ``spec``, its read stream watched (``on_end`` runs when it ends)."""
     if isinstance(spec, StdioSpec):
-        params = StdioServerParameters(
-            command=spec.command, args=spec.args, env=spec.env or None, cwd=spec.cwd
-        )
-        return _watched(stdio_client(params, errlog=errlog), on_end)
+        client = bounded_stdio_client(spec, errlog=errlog, max_message_bytes=max_message_bytes)
+        return _watched(client, on_end)
     _quiet_http_log()
     # Our own client (the SDK's default has no headers): read timeout long enough for SSE streams.
     http = httpx2.AsyncClient(
         headers=spec.headers or None,
         timeout=httpx2.Timeout(connect_timeout_s, read=max(call_timeout_s, 300.0)),
+        transport=_BoundedBodies(httpx2.AsyncHTTPTransport(), max_message_bytes),
     )
-    return _watched(streamable_http_client(spec.url, http_client=http), on_end, owned=http)
+    client = streamable_http_client(spec.url, http_client=http, max_sse_event_size=max_message_bytes)
+    return _watched(client, on_end, owned=http)
 
 
 def describe_failure(
@@ -80,6 +84,49 @@ def exc_text(exc: BaseException) -> str:
     """``Type: message``, or just ``Type`` when it has none (``TimeoutError()``)."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class _MessageTooLarge(httpx2.StreamError):
+    """An HTTP response body over the limit (the SDK fails the request it answers with it)."""
+
+
+class _BoundedBodies(httpx2.AsyncBaseTransport):
+    """The HTTP transport, with every response body but an SSE stream cut at ``limit`` bytes.
+
+    The SDK reads a JSON response whole (``aread``); SSE events it bounds itself.
+    """
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
+        self._inner, self._limit = inner, limit
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            response.stream = _CappedBody(response.stream, self._limit)  # type: ignore[arg-type]
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedBody(httpx2.AsyncByteStream):
+    """A response body that raises ``_MessageTooLarge`` once more than ``limit`` bytes came."""
+
+    def __init__(self, inner: Any, limit: int) -> None:
+        self._inner, self._limit = inner, limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        received = 0
+        async for chunk in self._inner:
+            received += len(chunk)
+            if received > self._limit:
+                raise _MessageTooLarge(
+                    f"upstream message larger than the {self._limit} byte limit (max_message_bytes); discarded"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _WatchedReadStream:

@@ -4,7 +4,9 @@ Tools: ``pid()`` (this process's id), ``sleep(seconds)`` (it notes when it start
 when it is cancelled in the file named by ``UNRULY_LOG``), ``grow(name)`` (adds a tool
 and sends the tools list-changed event to ``subscriptions/listen`` streams), and ``lookup(item)``, whose
 published ``inputSchema`` points (``$ref``) at a definition it does not have, as
-hand-written schemas sometimes do.
+hand-written schemas sometimes do. ``big(megabytes)`` answers that many MiB of text;
+``stdout_flood(megabytes)`` first writes that many MiB to stdout with no newline (a
+server printing garbage into the protocol stream), then answers on the same line.
 
 * ``--linger SECONDS``: once its stdin closes, ignore SIGTERM and stay alive that long,
   like a server with a slow shutdown; only SIGKILL ends it sooner.
@@ -73,6 +75,26 @@ async def grow(name: str, ctx: Context) -> str:
     return f"added {name}"
 
 
+@server.tool(description="Return `megabytes` MiB of text.")
+def big(megabytes: float) -> str:
+    return "x" * int(megabytes * (1 << 20))
+
+
+@server.tool(description="Write `megabytes` MiB to stdout with no newline, then answer.")
+def stdout_flood(megabytes: float) -> str:
+    chunk = memoryview(b"x" * (1 << 16))
+    for _ in range(int(megabytes * 16)):
+        sent = 0
+        while sent < len(chunk):
+            sent += os.write(_wire, chunk[sent:])
+    return "flooded"
+
+
+# The SDK's stdio server points fd 1 at stderr while it serves (stray prints must not
+# corrupt the stream): a copy taken before it starts is the protocol stream itself.
+_wire = 1
+
+
 def _flood() -> None:
     chunk = ("x" * 1023 + "\n") * 64
     while True:
@@ -86,6 +108,8 @@ def main() -> None:
     parser.add_argument("--start-delay", type=float, default=0.0)
     args = parser.parse_args()
     time.sleep(args.start_delay)
+    global _wire
+    _wire = os.dup(1)
     if args.flood:
         threading.Thread(target=_flood, daemon=True).start()
     server.run()
