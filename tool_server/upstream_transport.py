@@ -4,8 +4,8 @@
 connection whose read stream reports when it ends: that is how a dead stdio process
 shows itself (its stdout closes), and what the supervisor waits on to reconnect.
 Either way one message from the server holds at most ``max_message_bytes`` of our memory
-(stdio: ``upstream_stdio``; HTTP: the SDK's SSE event limit, and ``_BoundedBodies`` for
-JSON bodies).
+(stdio: ``upstream_stdio``; HTTP: the SDK's SSE event limit, and ``_bounded_bodies``
+for other bodies).
 ``describe_failure`` says why a connection attempt failed, the way an operator reads it.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TextIO
 
 import anyio
@@ -46,7 +46,7 @@ def open_transport(
     http = httpx2.AsyncClient(
         headers=spec.headers or None,
         timeout=httpx2.Timeout(connect_timeout_s, read=max(call_timeout_s, 300.0)),
-        transport=_BoundedBodies(httpx2.AsyncHTTPTransport(), max_message_bytes),
+        event_hooks={"response": [_bounded_bodies(max_message_bytes)]},
     )
     client = streamable_http_client(spec.url, http_client=http, max_sse_event_size=max_message_bytes)
     return _watched(client, on_end, owned=http)
@@ -90,23 +90,18 @@ class _MessageTooLarge(httpx2.StreamError):
     """An HTTP response body over the limit (the SDK fails the request it answers with it)."""
 
 
-class _BoundedBodies(httpx2.AsyncBaseTransport):
-    """The HTTP transport, with every response body but an SSE stream cut at ``limit`` bytes.
+def _bounded_bodies(limit: int) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook: every body but an SSE stream is cut at ``limit`` bytes.
 
-    The SDK reads a JSON response whole (``aread``); SSE events it bounds itself.
+    The SDK reads a JSON response whole (``aread``); SSE events it bounds itself. (A hook,
+    not a transport of ours: a client given a transport ignores the proxy variables.)
     """
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
-        self._inner, self._limit = inner, limit
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        response = await self._inner.handle_async_request(request)
+    async def bound(response: httpx2.Response) -> None:
         if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
-            response.stream = _CappedBody(response.stream, self._limit)  # type: ignore[arg-type]
-        return response
+            response.stream = _CappedBody(response.stream, limit)
 
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    return bound
 
 
 class _CappedBody(httpx2.AsyncByteStream):
