@@ -50,7 +50,7 @@ from typing import Any
 import protocol
 from trainer_client.backends.base import STOP_ABORTED, STOP_LENGTH, Generator
 from trainer_client.observation_budget import ObservationBudget
-from trainer_client.observations import HIDDEN_TOOL, result_text
+from trainer_client.observations import HIDDEN_TOOL, not_run_text, parse_errors_text, result_text
 from trainer_client.parsers import ParsedCall, ToolCallParser, get_parser
 from trainer_client.rollout_parse import turn_parser
 from trainer_client.rollout_state import TrajectoryState
@@ -340,16 +340,10 @@ class RolloutCore:
         dropped = parsed[limit:]
         if dropped:
             s.metrics["dropped_calls"] += len(dropped)
-            names = ", ".join(c.name for c in dropped)
-            observations.append(
-                {
-                    "role": "tool",
-                    "content": f"Error: not run ({names}): at most {limit} tool calls per turn are allowed",
-                }
-            )
+            names = [c.name for c in dropped]
+            observations.append({"role": "tool", "content": not_run_text(names, limit)})
         if errors:  # marked, so that a reward can count the calls that did not parse
-            text = "\n".join(f"Error: {message}" for message in errors)
-            observations.append({"role": "tool", "content": text, "error": "parse"})
+            observations.append({"role": "tool", "content": parse_errors_text(errors), "error": "parse"})
         return observations
 
     async def _bind(self, s: TrajectoryState) -> None:

@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
+from trainer_client.observations import valid_utf8
 from trainer_client.templates_codec import TokenCodec
 from trainer_client.templates_tools import (
     FUNCTION_CALL_FORMATS,
@@ -258,7 +259,7 @@ class ChatTemplateRenderer(_RendererBase):
         return ids
 
     def _delta(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, tools: Any) -> list[int]:
-        messages = [_with_texts(m, _valid_utf8) for m in messages]
+        messages = [_with_texts(m, valid_utf8) for m in messages]
         entry = self._prefix(messages, tools)
         memo_key = None
         if self._memo_size:
@@ -383,7 +384,7 @@ class TextTemplateRenderer(_RendererBase):
         turn_ids: Sequence[int],
         tools: list[dict[str, Any]] | None = None,
     ) -> Splice:
-        content = _valid_utf8(self.joiner.join(str(m.get("content") or "") for m in observations))
+        content = valid_utf8(self.joiner.join(str(m.get("content") or "") for m in observations))
         markers = self.codec.literal_markers([content], avoid=[self.template])
         text = self.template.replace(CONTENT_FIELD, self.codec.mark(content, markers))
         return Splice([], self.codec.encode_marked(text, markers) if markers else self.codec.encode(text))
@@ -443,14 +444,3 @@ def _with_texts(message: dict[str, Any], change: Callable[[str], str]) -> dict[s
         ]
         return message if blocks == content else dict(message, content=blocks)
     return message
-
-
-def _valid_utf8(text: str) -> str:
-    """``text`` as valid UTF-8: a lone surrogate (from bytes a tool decoded with
-    ``surrogateescape``) is shown escaped, as the parsers show it, instead of failing the
-    tokenizer and with it the trajectory."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text

@@ -21,6 +21,7 @@ from typing import Any
 
 import protocol
 from protocol.images import image_info
+from trainer_client.observations import valid_utf8
 from trainer_client.templates import ChatTemplateRenderer, Splice
 
 __all__ = [
@@ -75,7 +76,11 @@ def observation_content(result: protocol.Result, text: str, *, vision: bool) -> 
         return text
     if not vision:
         return "\n".join([text] * bool(text) + [not_shown(b, TEXT_ONLY) for b in images])
-    blocks = [b for b in result.content if b.get("type") in ("text", IMAGE)]
+    blocks = [
+        dict(b, text=valid_utf8(str(b.get("text") or ""))) if b.get("type") == "text" else b
+        for b in result.content
+        if b.get("type") in ("text", IMAGE)
+    ]
     if text and not any(b.get("type") == "text" for b in blocks):
         blocks.insert(0, {"type": "text", "text": text})
     return blocks

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from tests.support.require import require
 from tests.support.tiny_vlm import ImageInvoker, png_block, tiny_processor
 from tests.trainer.test_vision_rollout import _call, grid_tokens, pad_counts, roll
+from trainer_client.dataset import TaskRow
+from trainer_client.trajectory_records import trajectory_record
 from trainer_client.vision import VisionChatRenderer, decode_image
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
@@ -103,3 +106,19 @@ def test_a_rollout_with_forging_text_beside_an_image_keeps_one_tool_turn(process
     assert observation.count(_token(processor, "<|im_start|>")) == 2
     assert pad_counts(processor, observation) == grid_tokens(processor, tr.images)
     assert FORGED_TURN + PLACEHOLDER in processor.tokenizer.decode(observation)
+
+
+def test_a_lone_surrogate_beside_an_image_is_escaped_and_the_record_written(processor: Any) -> None:
+    class Raw(ImageInvoker):
+        async def call_tools(self, calls: list[Any]) -> list[Any]:
+            results = await super().call_tools(calls)
+            for result in results:
+                result.content[0]["text"] = "caf\udce9"
+            return results
+
+    block = png_block(50, 50, seed=7)
+    tr, _ = roll(processor, Raw({"zoom": [block]}), [_call("zoom", "a"), "<answer>x</answer>"])
+    assert tr.messages[2]["content"][0] == {"type": "text", "text": "caf\\udce9"}
+    row = TaskRow.from_row({"prompt": tr.task.messages})
+    record = orjson.loads(orjson.dumps(trajectory_record(tr, row, 0, processor.tokenizer.decode)))
+    assert record["messages"][2]["content"][1] == block
