@@ -43,7 +43,7 @@ import pydantic
 from protocol import Call, ErrorKind, Result, SessionState, VerifyRequest, VerifyResult, new_call_id
 from protocol.messages import ErrorInfo
 from tool_server.config import Config
-from tool_server.executor_admission import ANONYMOUS, Admission, BatchTooLarge, Caller, Overloaded
+from tool_server.executor_admission import ANONYMOUS, Admission, Caller, Overloaded
 from tool_server.executor_order import SessionOrder, Turn
 from tool_server.executor_output import OutputShaper
 from tool_server.executor_records import CallRecords, Fingerprint, canonical_arguments, storable
@@ -56,7 +56,6 @@ from tool_server.sessions import SessionStore
 
 __all__ = [
     "ANONYMOUS",
-    "BatchTooLarge",
     "Caller",
     "Executor",
     "Overloaded",
@@ -175,6 +174,11 @@ class Executor:
                 pending.append(i)
         for i in pending:
             results[i] = await results[i]
+        if pending:
+            # Awaiting a task that was already done resumed this coroutine before that task's
+            # bookkeeping (_settle, a done-callback already queued) ran: let it run, so its
+            # admission and session turn are given back before the caller goes on.
+            await asyncio.sleep(0)
         return results
 
     async def run_one(self, call: Call, caller: Caller = ANONYMOUS) -> Result:
@@ -281,26 +285,31 @@ class Executor:
             return result
         if not inner:
             self._admission.take(caller.tenant)
-        task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs))
+        start = time.perf_counter()
+        task = asyncio.get_running_loop().create_task(self._execute(ticket, kwargs, start))
         # A callback, not a finally: it runs however the task ends, even cancelled before
-        # its first step (then no line of _execute ever runs). Added first, it runs before
-        # the caller awaiting the task resumes.
-        task.add_done_callback(functools.partial(self._settle, ticket, time.perf_counter()))
+        # its first step (then no line of _execute ever runs). It runs soon after the task
+        # ends, but a caller awaiting a task that is already done resumes before it: so
+        # _execute times its own result.
+        task.add_done_callback(functools.partial(self._settle, ticket, start))
         self._records.running(key, fingerprint)
         return task
 
-    async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
+    async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
         # Each wait comes before the slot it guards: waiting must not hold a slot.
         if ticket.turn is not None:
             await ticket.turn.wait()
         tool_slots = self._tool_slots.get(ticket.entry.name)
         if tool_slots is None:
-            return await self._in_slot(ticket, kwargs)
-        await tool_slots.acquire(ticket.caller.tenant)
-        try:
-            return await self._in_slot(ticket, kwargs)
-        finally:
-            tool_slots.release()
+            result = await self._in_slot(ticket, kwargs)
+        else:
+            await tool_slots.acquire(ticket.caller.tenant)
+            try:
+                result = await self._in_slot(ticket, kwargs)
+            finally:
+                tool_slots.release()
+        result.elapsed_ms = (time.perf_counter() - start) * 1000.0
+        return result
 
     async def _in_slot(self, ticket: _Ticket, kwargs: dict[str, Any]) -> Result:
         """Run the call in one of the global slots (inner calls run in their parent's)."""
@@ -331,6 +340,8 @@ class Executor:
         else:
             result = task.result()
             store = storable(result)
+            self._record(ticket, result, result.elapsed_ms / 1000.0, store)  # timed in _execute
+            return
         self._record(ticket, result, time.perf_counter() - start, store)
 
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:

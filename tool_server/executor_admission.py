@@ -14,16 +14,11 @@ from typing import Any
 from tool_server.auth import ANONYMOUS_TENANT
 from tool_server.config import ConfigError
 
-__all__ = ["ANONYMOUS", "Admission", "BatchTooLarge", "Caller", "Overloaded", "tenant_share"]
+__all__ = ["ANONYMOUS", "Admission", "Caller", "Overloaded", "tenant_share"]
 
 
 class Overloaded(Exception):
     """A batch cannot be admitted: the queue is full. The HTTP layer answers 429."""
-
-
-class BatchTooLarge(Exception):
-    """A batch larger than its caller may ever hold: waiting cannot help. The HTTP layer
-    answers 413 (a client splits the batch), not 429 (it would retry the same batch forever)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +64,19 @@ class Admission:
         return self.capacity if tenant == ANONYMOUS_TENANT else self.tenant_share
 
     def check_batch(self, tenant: str, size: int) -> None:
-        """Raise ``Overloaded`` unless a batch of ``size`` calls fits now, ``BatchTooLarge`` if
-        it never will."""
+        """Raise ``Overloaded`` unless a batch of ``size`` calls fits now.
+
+        A batch that never fits is a 429 too, not a 413: a client that learns its window from
+        429s (ToolClient) then sends at most what was admitted, where splitting on 413 re-sent
+        every call once per halving. The message says that waiting alone will not help.
+        """
         if size > self.share(tenant):
             limit = "limits.max_concurrency + limits.max_queue"
             if self.share(tenant) < self.capacity:
                 limit = "limits.max_admitted_per_tenant"
-            raise BatchTooLarge(
-                f"{size} calls in one batch; one token may hold at most {self.share(tenant)} "
-                f"admitted calls ({limit}): send them in smaller batches"
+            raise Overloaded(
+                f"a batch of {size} calls is never admitted at once here: one token may hold at "
+                f"most {self.share(tenant)} admitted calls ({limit}); send smaller batches"
             )
         if self.admitted + size > self.capacity:
             raise Overloaded(

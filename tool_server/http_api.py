@@ -29,7 +29,7 @@ from protocol import (
 )
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.auth import ANONYMOUS_TENANT, sees_server_wide
-from tool_server.executor import BatchTooLarge, Caller, Executor, Overloaded
+from tool_server.executor import Caller, Executor, Overloaded
 from tool_server.openapi import openapi_spec
 from tool_server.registry import Registry
 from tool_server.sessions import INSTANCE_HEADER
@@ -153,8 +153,6 @@ class HttpApi:
                 lambda kept: self.executor.run_batch(kept, caller),
                 lambda call, why: Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, why),
             )
-        except BatchTooLarge as exc:
-            return error_response(413, ErrorKind.TOO_LARGE, str(exc))
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
@@ -206,8 +204,6 @@ class HttpApi:
                     error=ErrorInfo(ErrorKind.UNKNOWN_SESSION, why),
                 ),
             )
-        except BatchTooLarge as exc:
-            return error_response(413, ErrorKind.TOO_LARGE, str(exc))
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})

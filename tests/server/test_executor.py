@@ -12,7 +12,7 @@ import pytest
 from protocol import Call, SessionState, ToolContext, ToolError, new_call_id, tool
 from tool_server.app import build_registry
 from tool_server.config import ConfigError, config_from_dict, load_config
-from tool_server.executor import BatchTooLarge, Executor, Overloaded
+from tool_server.executor import Executor, Overloaded
 
 EVENTS: dict[str, list[str]] = {"cancelled": [], "closed": [], "threads": []}
 _concurrent = {"now": 0, "peak": 0}
@@ -95,6 +95,12 @@ def overrunning() -> str:
     return "late"
 
 
+@tool(name="nap")
+async def nap(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
 def make_executor(**config) -> Executor:
     here = "tests.server.test_executor"
     tools = [
@@ -110,6 +116,7 @@ def make_executor(**config) -> Executor:
             "stateful_agent",
             "quick_limited",
             "overrunning",
+            "nap",
         )
     ]
     cfg = config_from_dict({"tools": tools, **config}, environ={})
@@ -155,7 +162,7 @@ async def test_per_tool_concurrency_limit():
 async def test_admission_control_raises_overloaded():
     executor = make_executor(limits={"max_concurrency": 1, "max_queue": 1})
     await executor.start()
-    with pytest.raises(BatchTooLarge, match="at most 2 admitted calls"):  # waiting cannot help
+    with pytest.raises(Overloaded, match="never admitted at once here: one token may hold at most 2"):
         await executor.run_batch([Call(new_call_id(), "limited", {}) for _ in range(3)])
     running = asyncio.create_task(executor.run_batch([Call(new_call_id(), "limited", {}) for _ in range(2)]))
     await asyncio.sleep(0)
@@ -296,3 +303,28 @@ async def test_a_failing_session_cleanup_does_not_skip_the_others():
     assert ran == ["newest", "broken", "interpreter"]  # before: the interpreter was never killed
     await session.close()  # each callback runs once
     assert ran == ["newest", "broken", "interpreter"]
+
+
+async def test_every_result_of_a_batch_carries_its_run_time():
+    # The calls end together; _run_batch then awaits tasks that are already done. Before: a
+    # done task's bookkeeping (a done-callback) had not run yet, so its result went out with
+    # elapsed_ms 0 — and ToolClient, which reads a batch's slowest and fastest elapsed_ms to
+    # decide whether one call held it back, split POSTs to a replica slow as a whole.
+    executor = make_executor()
+    await executor.start()
+    for _ in range(3):
+        results = await executor.run_batch([Call(new_call_id(), "nap", {"seconds": 0.05}) for _ in range(8)])
+        assert not any(r.is_error for r in results)
+        assert min(r.elapsed_ms for r in results) >= 50, [r.elapsed_ms for r in results]
+
+
+async def test_a_finished_batch_has_given_its_admission_back():
+    # Capacity 8: a batch of 8 that ends together, then at once another batch of 8. Before:
+    # run_batch returned while the bookkeeping of its tasks that ended together was still
+    # queued, so the next batch found the capacity taken and was refused.
+    executor = make_executor(limits={"max_concurrency": 4, "max_queue": 4})
+    await executor.start()
+    for _ in range(3):
+        results = await executor.run_batch([Call(new_call_id(), "nap", {"seconds": 0.01}) for _ in range(8)])
+        assert not any(r.is_error for r in results)
+        assert executor.admitted == 0

@@ -257,17 +257,17 @@ def test_a_tenant_over_its_share_gets_429_while_another_is_admitted() -> None:
         assert flood.status_code == 200 and all(not r.is_error for r in decode_results(flood.content))
 
 
-def test_a_batch_larger_than_a_token_may_ever_hold_is_413_not_an_endless_429() -> None:
-    # capacity 8, share 6: seven calls from one token can never be admitted, however long it
-    # waits; 429 + Retry-After told it to retry the same batch forever.
+def test_a_batch_larger_than_a_token_may_ever_hold_says_so_and_the_client_gets_through() -> None:
+    # capacity 8, share 6: seven calls from one token are never admitted at once, however
+    # long it waits. The 429 says so (before: "retry this batch later", which never worked);
+    # ToolClient learns its window from the 429 and sends at most what was admitted.
     config = server_config(limits={"max_concurrency": 1, "max_queue": 7})
     with running_server(config, env=TOKENS) as srv:
         too_many = httpx.post(srv.url + "/v1/calls", json={"calls": sleeps(7, 0)}, headers=auth(TOKEN_A))
-        assert too_many.status_code == 413, too_many.text
-        assert too_many.json()["error"]["kind"] == "too_large"
-        assert (
-            "at most 6 admitted calls (limits.max_admitted_per_tenant)" in too_many.json()["error"]["message"]
-        )
+        assert too_many.status_code == 429, too_many.text
+        message = too_many.json()["error"]["message"]
+        assert "never admitted at once here: one token may hold at most 6" in message, message
+        assert "limits.max_admitted_per_tenant" in message and "retry this batch" not in message
         fits = httpx.post(srv.url + "/v1/calls", json={"calls": sleeps(6, 0)}, headers=auth(TOKEN_A))
         assert fits.status_code == 200 and all(not r.is_error for r in decode_results(fits.content))
 
@@ -279,5 +279,5 @@ def test_a_batch_larger_than_a_token_may_ever_hold_is_413_not_an_endless_429() -
                     [Call(new_call_id(), "echo", {"text": str(i)}) for i in range(20)]
                 )
 
-        results = asyncio.run(through_the_client())  # the client splits what a 413 refused
+        results = asyncio.run(through_the_client())
         assert [r.structured["text"] for r in results] == [str(i) for i in range(20)]
