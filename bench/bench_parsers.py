@@ -14,13 +14,10 @@ when the input doubles (2 for linear, 4 for quadratic).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -63,16 +60,6 @@ def measure(sizes: list[int], budget_s: float) -> dict[str, dict[str, float | No
     return out
 
 
-def export(ref: str) -> str:
-    where = tempfile.mkdtemp(prefix="bench-parsers-ref-")
-    data = subprocess.run(
-        ["git", "archive", ref, "trainer_client", "protocol"], cwd=REPO, capture_output=True, check=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(where, filter="data")
-    return where
-
-
 def side(root: str, sizes: list[int], budget_s: float) -> dict[str, dict[str, float | None]]:
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); sys.path.insert(1, sys.argv[2]);"
@@ -108,7 +95,14 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     tree = side(str(REPO), sizes, args.budget_s)
-    ref = None if args.tree_only else side(export(args.ref), sizes, args.budget_s)
+    sys.path.insert(0, str(REPO))
+    from bench.git_ref import export_ref  # noqa: PLC0415 (this process only: the sides import their own trees)
+
+    ref = (
+        None
+        if args.tree_only
+        else side(export_ref(args.ref, "trainer_client", "protocol"), sizes, args.budget_s)
+    )
     print(f"| input | size | tree | {'' if ref is None else 'ref | ref / tree |'} tree growth x2 |")
     print(f"|---|---:|---:|{'' if ref is None else '---:|---:|'}---:|")
     for name in INPUTS:

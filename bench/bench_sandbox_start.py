@@ -13,14 +13,11 @@ call and is closed before the next start. Prints p50/p90 per side and the ratio 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -55,16 +52,6 @@ def serve(tree: str) -> None:
         print(json.dumps(anyio.run(starts, int(line))), flush=True)
 
 
-def export(ref: str) -> str:
-    where = tempfile.mkdtemp(prefix="bench-sandbox-ref-")
-    data = subprocess.run(
-        ["git", "archive", ref, "tools", "protocol"], cwd=REPO, capture_output=True, check=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(where, filter="data")
-    return where
-
-
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -82,7 +69,10 @@ def main() -> None:
     if os.geteuid() != 0:
         print("note: not root, so the weak mode (no namespaces, no spares) is measured", file=sys.stderr)
     starts = 200 if args.quick else args.starts
-    sides = {"tree": str(REPO), "ref": export(args.ref)}
+    sys.path.insert(0, str(REPO))
+    from bench.git_ref import export_ref  # noqa: PLC0415 (this process only: the sides import their own trees)
+
+    sides = {"tree": str(REPO), "ref": export_ref(args.ref, "tools", "protocol")}
     procs = {
         name: subprocess.Popen(
             [sys.executable, __file__, "--ref", args.ref, "--serve", tree],

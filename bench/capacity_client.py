@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import io
 import json
 import os
 import random
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -125,16 +122,6 @@ async def client_main(args: argparse.Namespace) -> None:
     print(json.dumps(out), flush=True)
 
 
-def export(ref: str) -> str:
-    where = tempfile.mkdtemp(prefix="bench-client-ref-")
-    data = subprocess.run(
-        ["git", "archive", ref, "trainer_client", "protocol"], cwd=REPO, capture_output=True, check=True
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(where, filter="data")
-    return where
-
-
 def run_side(tree: str, scenario: str, url: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     command = [sys.executable, __file__, "--client", tree, "--scenario", scenario, "--url", url]
     command += ["--server-pid", str(pid), "--seconds", str(args.seconds), "--warmup", str(args.warmup)]
@@ -169,9 +156,10 @@ def main() -> None:
     if args.quick:
         args.rounds, args.seconds, args.warmup = 1, 4.0, 1.0
     sys.path.insert(0, str(REPO))
+    from bench.git_ref import export_ref  # noqa: PLC0415
     from tests.support.server import running_server, server_config  # noqa: PLC0415
 
-    sides = {"tree": str(REPO), "ref": export(args.ref)}
+    sides = {"tree": str(REPO), "ref": export_ref(args.ref, "trainer_client", "protocol")}
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     loads = [os.getloadavg()[0]]
     try:
