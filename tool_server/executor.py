@@ -331,18 +331,16 @@ class Executor:
         if not ticket.inner:
             self._admission.give_back(ticket.caller.tenant)
         if task.cancelled():
-            result, store = cancelled(ticket.call), False
+            result, store, elapsed = cancelled(ticket.call), False, time.perf_counter() - start
         elif (error := task.exception()) is not None:  # a bug of ours: the caller's await raises it
             log.error(
                 "call %s of %s failed in the executor", ticket.call.call_id, ticket.entry.name, exc_info=error
             )
-            result, store = cancelled(ticket.call), False
+            result, store, elapsed = cancelled(ticket.call), False, time.perf_counter() - start
         else:
             result = task.result()
-            store = storable(result)
-            self._record(ticket, result, result.elapsed_ms / 1000.0, store)  # timed in _execute
-            return
-        self._record(ticket, result, time.perf_counter() - start, store)
+            store, elapsed = storable(result), result.elapsed_ms / 1000.0  # timed in _execute
+        self._record(ticket, result, elapsed, store)
 
     def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
         """Time the result, keep it (idempotency store, result cache) and count it."""
