@@ -153,15 +153,6 @@ def _hermes_case(seed: int) -> Case:
     return _mix(rng, lambda: _hermes_good(rng), bad)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_hermes_keeps_every_good_call_and_reports_every_broken_one(seed: int) -> None:
-    text, calls, broken = _hermes_case(seed)
-    outcome = get_parser("hermes", parallel_calls=True).parse(text)
-    assert outcome.calls == calls, text
-    assert len(outcome.errors) == broken, (text, outcome.errors)
-    _assert_readable(outcome)
-
-
 # --------------------------------------------------------------------------- llama3_json
 
 
@@ -198,15 +189,6 @@ def _llama_case(seed: int) -> Case:
     return rng.choice(["", "<|python_tag|>"]) + "; ".join(items), calls, broken
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_llama3_json_keeps_every_good_call_and_reports_every_broken_one(seed: int) -> None:
-    text, calls, broken = _llama_case(seed)
-    outcome = get_parser("llama3_json").parse(text)
-    assert outcome.calls == calls, text
-    assert len(outcome.errors) == broken, (text, outcome.errors)
-    _assert_readable(outcome)
-
-
 # --------------------------------------------------------------------------- pythonic
 
 
@@ -237,18 +219,9 @@ def _pythonic_case(seed: int) -> Case:
                 )
             )
             broken += 1
-    return "[" + ", ".join(items) + "]", calls, broken
-
-
-@pytest.mark.parametrize("seed", SEEDS)
-def test_pythonic_keeps_every_good_call_and_reports_every_broken_one(seed: int) -> None:
-    text, calls, broken = _pythonic_case(seed)
-    outcome = get_parser("pythonic").parse(text)
-    if not calls and broken and all(item == "3" for item in text[1:-1].split(", ")):
+    if not calls and all(item == "3" for item in items):
         broken = 0  # "[3, 3]" is a plain list: an ordinary reply, not calls
-    assert outcome.calls == calls, text
-    assert len(outcome.errors) == broken, (text, outcome.errors)
-    _assert_readable(outcome)
+    return "[" + ", ".join(items) + "]", calls, broken
 
 
 # --------------------------------------------------------------------------- search_r1
@@ -268,10 +241,21 @@ def _search_case(seed: int) -> Case:
     return _mix(rng, good, bad)
 
 
+# each format: how to build its parser, and a seeded mix of good and broken calls
+FORMATS = {
+    "hermes": ({"parallel_calls": True}, _hermes_case),
+    "llama3_json": ({}, _llama_case),
+    "pythonic": ({}, _pythonic_case),
+    "search_r1": ({}, _search_case),
+}
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_search_r1_keeps_every_good_call_and_reports_every_broken_one(seed: int) -> None:
-    text, calls, broken = _search_case(seed)
-    outcome = get_parser("search_r1").parse(text)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_parser_keeps_every_good_call_and_reports_every_broken_one(fmt: str, seed: int) -> None:
+    options, case = FORMATS[fmt]
+    text, calls, broken = case(seed)
+    outcome = get_parser(fmt, **options).parse(text)
     assert outcome.calls == calls, text
     assert len(outcome.errors) == broken, (text, outcome.errors)
     _assert_readable(outcome)
