@@ -31,7 +31,7 @@ from mcp.shared.message import SessionMessage
 
 from tool_server.upstream_config import StdioSpec
 
-__all__ = ["MESSAGE_TOO_LARGE", "LineSplitter", "Oversize", "bounded_stdio_client"]
+__all__ = ["MESSAGE_TOO_LARGE", "LineSplitter", "Oversize", "bounded_stdio_client", "stand_in"]
 
 logger = logging.getLogger("tool_server.upstream")
 
@@ -43,7 +43,9 @@ _EXIT_GRACE_S = 2.0  # for the server to exit on its own once its stdin closes
 _KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL
 _FLUSH_S = 0.5  # for the writer to send what it already accepted
 _HEAD_BYTES = 4096  # of an oversize message, kept to find the id of the request it answers
-_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_COLON = re.compile(rb"\s*:")
+_ID_VALUE = re.compile(rb'\s*(-?\d+|"(?:[^"\\]|\\.)*")')
 
 
 class Oversize:
@@ -157,7 +159,7 @@ async def bounded_stdio_client(
 def _message(line: bytes | Oversize) -> SessionMessage | Exception:
     """One line as the session takes it: a message, the error that stands for one, or a parse error."""
     if isinstance(line, Oversize):
-        return _too_large(line)
+        return stand_in(line)
     try:
         return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
@@ -165,19 +167,47 @@ def _message(line: bytes | Oversize) -> SessionMessage | Exception:
         return exc
 
 
-def _too_large(cut: Oversize) -> SessionMessage | Exception:
-    """The error response to the request a discarded message answered, if its id is in its head."""
+def stand_in(cut: Oversize) -> SessionMessage | Exception:
+    """What stands for a discarded message: an error response to the request it answered when
+    its head shows that request's id, else an exception (no call is failed at once)."""
     text = f"upstream message larger than the {cut.limit} byte limit (max_message_bytes); discarded"
     logger.warning("%s", text)
-    found = _ID.search(cut.head)
-    if found is None or b'"method"' in cut.head:  # no id, or a request/notification of its own
+    keys = _top_level_keys(cut.head)
+    if "id" not in keys or "method" in keys:  # id not in the head, or a request of its own
         return ValueError(text)
     error = types.JSONRPCError(
-        jsonrpc="2.0",
-        id=json.loads(found.group(1)),
-        error=types.ErrorData(code=MESSAGE_TOO_LARGE, message=text),
+        jsonrpc="2.0", id=keys["id"], error=types.ErrorData(code=MESSAGE_TOO_LARGE, message=text)
     )
     return SessionMessage(error)
+
+
+def _top_level_keys(head: bytes) -> dict[str, Any]:
+    """The keys of the outer JSON object that the head shows, with the value of ``id``.
+
+    Only the outer object's ``id`` is the request's: a result holding ``{"id": 0}`` (a search
+    hit, a row) must not fail request 0. Strings are skipped whole, so text cannot pose as a key.
+    """
+    keys: dict[str, Any] = {}
+    depth, pos = 0, 0
+    while pos < len(head):
+        byte = head[pos]
+        if byte == 0x22:  # '"': skip the whole string
+            string = _STRING.match(head, pos)
+            if string is None:  # cut off by the head's end
+                break
+            pos = string.end()
+            colon = _COLON.match(head, pos)
+            if depth == 1 and colon is not None:  # a key of the outer object
+                name = string.group()[1:-1].decode(errors="replace")
+                value = _ID_VALUE.match(head, colon.end()) if name == "id" else None
+                keys[name] = json.loads(value.group(1)) if value is not None else None
+            continue
+        if byte in b"{[":
+            depth += 1
+        elif byte in b"}]":
+            depth -= 1
+        pos += 1
+    return keys
 
 
 async def _drain(process: Process) -> None:

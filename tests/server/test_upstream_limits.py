@@ -20,7 +20,7 @@ from tests.server.test_upstream import wait_until
 from tests.server.test_upstream_unruly import UNRULY, _written
 from tests.support.openai_server import serve_in_thread
 from tool_server.upstream import UpstreamServer
-from tool_server.upstream_stdio import LineSplitter, Oversize
+from tool_server.upstream_stdio import LineSplitter, Oversize, stand_in
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -99,6 +99,20 @@ def test_lines_are_split_whole_and_an_oversize_one_is_cut_once() -> None:
     assert isinstance(cut, Oversize) and cut.head == b"f0123456789" and cut.limit == 8
     assert lines.feed(b"x" * 100) == []  # the rest of that line is dropped, not reported again
     assert lines.feed(b"yz\nok\n") == [b"ok"]
+
+
+def test_an_oversize_answer_fails_only_the_request_whose_top_level_id_it_carries() -> None:
+    # Writers put the id first (Python SDK) or last (TypeScript SDK: {result, jsonrpc, id}).
+    # Before: the first "id" anywhere in the head was taken, so a result holding {"id": 0}
+    # (a search hit, a row) failed request 0 -- another call -- and left its own to time out.
+    first = stand_in(Oversize(b'{"jsonrpc":"2.0","id":7,"result":{"content":[{"id":0', 1024))
+    assert first.message.id == 7  # type: ignore[union-attr]
+    nested_only = stand_in(Oversize(b'{"result":{"content":[{"type":"text","id":0,"text":"', 1024))
+    assert isinstance(nested_only, ValueError)  # its own id is past the head: no call is failed
+    in_a_string = stand_in(Oversize(b'{"result":{"text":"\\"id\\": 1, ","jsonrpc":"2.0"', 1024))
+    assert isinstance(in_a_string, ValueError)
+    request = stand_in(Oversize(b'{"jsonrpc":"2.0","id":2,"method":"sampling/createMessage"', 1024))
+    assert isinstance(request, ValueError)  # a request of its own: nothing of ours to fail
 
 
 def test_the_limit_is_a_positive_number_of_bytes() -> None:
