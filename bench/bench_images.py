@@ -56,7 +56,7 @@ async def _per_call_us(name: str, arguments: Any, calls: int, *, images: bool = 
     from protocol import Call
     from tool_server.app import build_registry
     from tool_server.config import config_from_dict
-    from tool_server.executor import Executor
+    from tool_server.executor.executor import Executor
 
     tools = [{"target": "tools.testing:echo"}, {"target": "__main__:text_output"}]
     if images:

@@ -3,7 +3,7 @@
 Early in RL a model writes anything: thousands of ``<tool_call>`` openers, an ``<answer>``
 tag repeated, a fence of whitespace. A parser that re-scans the rest of the text per opener
 is quadratic, and one rollout turn can then hold a CPU for minutes. For each input kind and
-size, two processes (this tree's ``trainer_client.parsers`` and ``git archive REF``'s) parse
+size, two processes (this tree's ``trainer_client.parsers.registry`` and ``git archive REF``'s) parse
 the same text; printed: seconds per parse on each side, their ratio, and how the time grows
 when the input doubles (2 for linear, 4 for quadratic).
 
@@ -36,7 +36,7 @@ INPUTS = {
 
 def measure(sizes: list[int], budget_s: float) -> dict[str, dict[str, float | None]]:
     """Seconds per parse for every input and size, in this process (None: over the budget)."""
-    from trainer_client.parsers import get_parser
+    from trainer_client.parsers.registry import get_parser
 
     out: dict[str, dict[str, float | None]] = {}
     for name, (fmt, piece) in INPUTS.items():

@@ -38,9 +38,10 @@ from typing import Any
 import anyio
 
 from protocol import SessionState
-from tools import sandbox, sandbox_zygote
+from tools import sandbox
 from tools.python_tool import PythonTool
 from tools.sandbox import SandboxLimits, run_python
+from tools.sandbox import zygote as sandbox_zygote
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = "67f31cf^"  # the last commit that started a fresh interpreter per session
@@ -98,7 +99,7 @@ def available_kb() -> int:
 
 
 def load_baseline(ref: str) -> ModuleType:
-    """``tools/sandbox.py`` and its worker as they were at ``ref``, imported from a temporary copy."""
+    """``tools/sandbox/__init__.py`` and its worker as they were at ``ref``, imported from a temporary copy."""
     where = Path(tempfile.mkdtemp(prefix="bench-python-baseline-"))
     for name in ("sandbox.py", "sandbox_worker.py"):
         text = subprocess.run(

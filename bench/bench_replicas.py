@@ -41,7 +41,7 @@ from protocol import Call, new_call_id  # noqa: E402
 from tests.chaos.test_discovery import HostsEntries, common_port  # noqa: E402
 from tests.chaos.test_nginx import running_nginx  # noqa: E402
 from tests.support.server import running_server, server_config  # noqa: E402
-from trainer_client.client import ToolClient  # noqa: E402
+from trainer_client.client.tool_client import ToolClient  # noqa: E402
 
 ADDRESSES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 CONFIG = server_config(mcp={"allowed_hosts": [f"{a}:*" for a in ADDRESSES]})

@@ -9,10 +9,10 @@ every term's document frequency is ~100x the original's: a harsher load than rea
 of the same size, where rare terms stay rare.
 
 Measured, side by side in one run:
-* build (``python -m tools.search_index build``, a child process): wall time, peak RSS;
+* build (``python -m tools.search.index build``, a child process): wall time, peak RSS;
   size on disk by part;
 * in process, on the same memory-mapped arrays and the same tokenised queries: our scorer
-  (tools/search_topk.py, one query at a time) and ``bm25s.BM25.retrieve`` (numpy
+  (tools/search/topk.py, one query at a time) and ``bm25s.BM25.retrieve`` (numpy
   backend), single queries and batches, and our CPU time per query (less sensitive to a
   busy machine than q/s); agreement of the top k;
 * a real ``tool-server`` with ``args: {index: DIR}``: RSS/PSS/USS after start and after
@@ -52,7 +52,7 @@ if str(REPO) not in sys.path:
 
 from bench.bench_search import fanout_questions  # noqa: E402
 from tests.support.server import running_server, server_config  # noqa: E402
-from tools.corpus import builtin_source  # noqa: E402
+from tools.search.corpus import builtin_source  # noqa: E402
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -104,7 +104,7 @@ def build(corpus: Path, index: Path) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     start = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "tools.search_index", "build", str(corpus), str(index)],
+        [sys.executable, "-m", "tools.search.index", "build", str(corpus), str(index)],
         cwd=REPO,
         check=True,
         stdout=subprocess.DEVNULL,
@@ -124,7 +124,7 @@ def rate(fn, items: list, batch: int) -> float:  # type: ignore[no-untyped-def]
 def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int) -> None:
     import bm25s
 
-    from tools.search import open_saved_index
+    from tools.search.bm25 import open_saved_index
 
     ours, _ = open_saved_index(index_dir)
     theirs = bm25s.BM25.load(str(index_dir / "bm25"), mmap=True, show_progress=False)

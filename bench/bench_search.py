@@ -31,8 +31,8 @@ from pathlib import Path
 
 import anyio
 
-from tools.corpus import builtin_corpus, load_corpus
-from tools.search import SearchTool
+from tools.search.bm25 import SearchTool
+from tools.search.corpus import builtin_corpus, load_corpus
 
 
 def fanout_questions() -> list[str]:

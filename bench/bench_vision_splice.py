@@ -48,8 +48,8 @@ def main() -> None:
 
     from tests.support.tiny_vlm import tiny_processor
     from tools.envs.image_env import pack
-    from trainer_client.models import load_tokenizer
-    from trainer_client.vision import VisionChatRenderer
+    from trainer_client.backends.models import load_tokenizer
+    from trainer_client.templates.vision import VisionChatRenderer
 
     env = pack(seed=0, tasks=1)
     view = env.call(env.new_world(env.tasks[0]), "view_image", {})

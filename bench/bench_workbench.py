@@ -34,7 +34,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support: a real server
 
-from tool_server.workbench_files import TrajectoryIndex, summary_of  # noqa: E402
+from tool_server.workbench.files import TrajectoryIndex, summary_of  # noqa: E402
 
 ID, INDEX = b"s-IDPLACEHOLDER", b"987654321"  # replaced per line (the index by a padded number)
 SOURCES = ["toolfactory/arithmetic", "toolfactory/search_qa", "env/bank"]
@@ -140,7 +140,7 @@ def in_browser(runs: Path, args: argparse.Namespace) -> dict[str, float]:
     from playwright.sync_api import sync_playwright
 
     from tests.support.server import running_server, server_config
-    from trainer_client.models import resolve_model_path
+    from trainer_client.backends.models import resolve_model_path
 
     many = [
         {"target": "tools.testing:echo", "name": f"echo_{i:04d}", "toolsets": ["many"]}

@@ -336,7 +336,7 @@ async def loop_wake_cpu_us(wakes: int = 500, gap_s: float = 0.002) -> float:
 async def measure_client(url: str, posts: int = 300) -> dict[str, float]:
     """The trainer's ``ToolClient`` CPU (this process) per POST and per call, one caller."""
     from protocol import Call, new_call_id  # noqa: PLC0415 (the bench's parent needs no client otherwise)
-    from trainer_client.client import ToolClient  # noqa: PLC0415
+    from trainer_client.client.tool_client import ToolClient  # noqa: PLC0415
 
     per_post: dict[int, float] = {}
     async with ToolClient([url]) as client:
@@ -478,7 +478,7 @@ def ms(value: float | None) -> str:
 async def client_main(args: argparse.Namespace) -> None:
     """One client process: ``--trajectories`` simulated trajectories through one ToolClient."""
     from protocol import Call, new_call_id  # noqa: PLC0415 (client mode only)
-    from trainer_client.client import ToolClient  # noqa: PLC0415
+    from trainer_client.client.tool_client import ToolClient  # noqa: PLC0415
 
     mix = json.loads(args.mix)
     names, weights = list(mix), list(mix.values())

@@ -71,7 +71,7 @@ async def client_main(args: argparse.Namespace) -> None:
     """One client process, importing ``trainer_client`` and ``protocol`` from the tree ``--client`` names."""
     sys.path.insert(0, args.client)
     from protocol import Call, new_call_id  # noqa: PLC0415 (from the side's tree)
-    from trainer_client.client import ToolClient  # noqa: PLC0415
+    from trainer_client.client.tool_client import ToolClient  # noqa: PLC0415
 
     trajectories, think_ms, _ = SCENARIOS[args.scenario]
     rng = random.Random(0)

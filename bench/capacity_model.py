@@ -91,7 +91,7 @@ class Workload:
         split_share: extra single-call POSTs per call: the client re-sends each call of a
             small batch still unanswered after ``split_after_ms`` (50 ms) on its own POST
             (the server joins the running call), only where one slow call holds a batch back
-            (``trainer_client.client_splits``). 0 while batches come back fast and on a
+            (``trainer_client.client.splits``). 0 while batches come back fast and on a
             replica slow as a whole (overloaded, or every call slow); about the share of
             calls that share a batch with a slow one otherwise.
     """

@@ -41,7 +41,7 @@ if str(REPO) not in sys.path:
 from protocol import Call, Result, new_call_id  # noqa: E402
 from tests.support.server import running_server, server_config  # noqa: E402
 from tool_server.config import LimitsConfig  # noqa: E402
-from trainer_client.client import ToolClient  # noqa: E402
+from trainer_client.client.tool_client import ToolClient  # noqa: E402
 
 
 def server_counter(url: str, name: str, **labels: str) -> float:

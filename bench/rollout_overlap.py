@@ -42,12 +42,12 @@ if str(REPO) not in sys.path:
 
 from protocol import Call, new_call_id  # noqa: E402
 from tests.support.server import running_server  # noqa: E402
+from trainer_client.backends.models import load_tokenizer  # noqa: E402
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # noqa: E402
-from trainer_client.client import ToolClient  # noqa: E402
-from trainer_client.models import load_tokenizer  # noqa: E402
-from trainer_client.parsers import get_parser  # noqa: E402
-from trainer_client.rollout import RolloutConfig, RolloutCore, Task  # noqa: E402
-from trainer_client.templates import make_renderer  # noqa: E402
+from trainer_client.client.tool_client import ToolClient  # noqa: E402
+from trainer_client.parsers.registry import get_parser  # noqa: E402
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task  # noqa: E402
+from trainer_client.templates.render import make_renderer  # noqa: E402
 
 
 @dataclass(frozen=True)

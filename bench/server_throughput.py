@@ -114,7 +114,7 @@ def row(
 
 async def bench_in_process(concurrency: int, total: int) -> dict:
     from tool_server.app import build_registry
-    from tool_server.executor import Executor
+    from tool_server.executor.executor import Executor
 
     config = config_from_dict(server_config(), environ={})
     executor = Executor(build_registry(config), config)

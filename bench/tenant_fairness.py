@@ -7,7 +7,7 @@ two executors are interleaved in one process; the table shows the best round of 
 (b) What a flood does to another tenant: tenant A posts ``--flood`` 1-ms sleeps through 8
 slots, then tenant B posts one; how many of A's calls finished before B's, and B's wait.
 
-The base executor is read with ``git show BASE:tool_server/executor.py`` and loaded beside
+The base executor is read with ``git show BASE:tool_server/executor/executor.py`` and loaded beside
 the current one (both use the same registry, config and tools).
 
     python bench/tenant_fairness.py [--base REV] [--rounds 5] [--flood 2000]
@@ -31,16 +31,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from protocol import Call  # noqa: E402
-from tool_server import executor as current  # noqa: E402
 from tool_server.app import build_registry  # noqa: E402
 from tool_server.config import config_from_dict  # noqa: E402
+from tool_server.executor import executor as current  # noqa: E402
 
 TOOLS = [{"target": "tools.testing:echo_async"}, {"target": "tools.testing:sleep"}]
 
 
 def load_base(rev: str, into: Path) -> ModuleType:
     source = subprocess.run(
-        ["git", "show", f"{rev}:tool_server/executor.py"],
+        ["git", "show", f"{rev}:tool_server/executor/executor.py"],
         cwd=REPO,
         check=True,
         capture_output=True,

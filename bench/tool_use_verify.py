@@ -46,8 +46,8 @@ from protocol import ToolError, VerifyRequest  # noqa: E402
 from tests.envs.tool_use_shop import TOOLS  # noqa: E402
 from tools.envs.pack import EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths  # noqa: E402
 from tools.envs.world import World  # noqa: E402
-from tools.verifiers import tool_use  # noqa: E402
 from tools.verifiers.match import exact_match  # noqa: E402
+from tools.verifiers.tool_use import reward as tool_use  # noqa: E402
 
 Case = tuple[Pack, EnvTask, World, VerifyRequest]
 

@@ -24,8 +24,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tool_server.upstream_config import StdioSpec  # noqa: E402
-from tool_server.upstream_stdio import bounded_stdio_client  # noqa: E402
+from tool_server.upstream.config import StdioSpec  # noqa: E402
+from tool_server.upstream.stdio import bounded_stdio_client  # noqa: E402
 
 UNRULY = str(ROOT / "tests" / "support" / "unruly_upstream.py")
 

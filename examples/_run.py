@@ -136,7 +136,7 @@ def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
 
 def run_trainer(argv: list[str]) -> int:
     """``trainer-client train`` with ``argv`` (printed first, so the run can be repeated by hand)."""
-    from trainer_client import train_cli
+    from trainer_client.cli import train as train_cli
 
     print("trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in argv), flush=True)
     return train_cli.main(argv)
@@ -144,7 +144,7 @@ def run_trainer(argv: list[str]) -> int:
 
 def publish(out: Path, name: str) -> None:
     """Copy the plot and a JSON of the figures to examples/results/ (committed with the README)."""
-    from trainer_client.summary import summarize_run
+    from trainer_client.rollout.summary import summarize_run
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = summarize_run(out / "metrics.jsonl")

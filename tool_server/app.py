@@ -14,14 +14,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tool_server.auth import AuthMiddleware, BodyLimitMiddleware, load_tokens
+from tool_server.api.auth import AuthMiddleware, BodyLimitMiddleware, load_tokens
+from tool_server.api.mcp import McpEndpoint
+from tool_server.api.retrieve import RetrieveEndpoint
+from tool_server.api.routes import HttpApi, error_response
 from tool_server.config import Config, ConfigError
-from tool_server.executor import Executor
-from tool_server.http_api import HttpApi, error_response
-from tool_server.mcp_endpoint import McpEndpoint
+from tool_server.executor.executor import Executor
 from tool_server.metrics import Metrics
 from tool_server.registry import Registry
-from tool_server.retrieve import RetrieveEndpoint
 
 log = logging.getLogger("tool_server")
 
@@ -63,7 +63,7 @@ def build_upstreams(config: Config) -> list[Any]:
     entries = upstream_entries(config)
     if not entries:
         return []
-    from tool_server.upstream import load_upstreams
+    from tool_server.upstream.hosting import load_upstreams
 
     try:
         return load_upstreams(entries, separator=config.upstream_separator)
@@ -106,7 +106,7 @@ def create_app(
     public_paths = list(config.auth.public_paths)
     workbench = None
     if config.workbench.enabled:
-        from tool_server.workbench import Workbench
+        from tool_server.workbench.routes import Workbench
 
         workbench = Workbench(config, api, token_required=bool(tokens))
         routes += workbench.routes()
@@ -169,7 +169,7 @@ def create_app(
 def _upstreams(servers: list[Any], registry: Registry, default_toolset: str | None) -> Any:
     if not servers:
         return None
-    from tool_server.upstream import Upstreams
+    from tool_server.upstream.hosting import Upstreams
 
     return Upstreams(servers, registry, [default_toolset] if default_toolset else [])
 

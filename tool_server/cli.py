@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from tool_server.auth import all_loopback, bound_addresses, load_tokens
+from tool_server.api.auth import all_loopback, bound_addresses, load_tokens
 from tool_server.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
 
 
@@ -123,7 +123,7 @@ def _probe(upstreams: list[Any], registry: Any, default_toolset: str | None) -> 
     """
     if not upstreams:
         return []
-    from tool_server.upstream import Upstreams
+    from tool_server.upstream.hosting import Upstreams
 
     group = Upstreams(upstreams, registry, [default_toolset] if default_toolset else [])
 
@@ -196,7 +196,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     app = create_app(config, bind_host=host)
     tune_gc(config.server.gc_threshold)
-    from tool_server.connections import guarded_protocol, limits_from_config
+    from tool_server.api.connections import guarded_protocol, limits_from_config
 
     protocol = guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s))
     app.state.connection_guard = protocol.guard  # its counts go to /metrics

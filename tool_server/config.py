@@ -93,7 +93,7 @@ class ServerConfig:
     # Every call allocates a few short-lived dicts, so the default collects thousands of
     # times a second; 0 keeps Python's default.
     gc_threshold: int = 200_000
-    # Slow or stalled clients (tool_server/connections.py): each holds an fd until closed.
+    # Slow or stalled clients (tool_server/api/connections.py): each holds an fd until closed.
     header_timeout_s: float = 10.0  # request headers must be complete within this; else 408, close
     body_timeout_s: float = 30.0  # the whole body must arrive within this of the headers; else 408
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
@@ -148,7 +148,7 @@ class RetrieveConfig:
 
 @dataclass
 class WorkbenchConfig:
-    """The web UI at ``/ui`` (tool_server/workbench.py)."""
+    """The web UI at ``/ui`` (tool_server/workbench/routes.py)."""
 
     enabled: bool = True
     # Rollout JSONL files and training runs (their metrics.jsonl) the UI may open; paths
@@ -174,7 +174,7 @@ class SandboxConfig:
     def uids(self) -> range:
         """This replica's uids (the whole range when the slice is picked at start); ConfigError
         when the range or the slice is invalid."""
-        from tools.sandbox_uids import parse_uid_range, replica_slice
+        from tools.sandbox.uids import parse_uid_range, replica_slice
 
         try:
             if self.replica_index is None and self.claims_dir is None:

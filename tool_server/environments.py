@@ -19,7 +19,7 @@ from typing import Any
 from protocol import ErrorKind, Result, ToolContext, ToolError, ToolMeta
 from tool_server.config import ConfigError, EnvironmentSpec
 from tool_server.registry import Registry, ToolEntry
-from tool_server.upstream_tools import schema_validator
+from tool_server.upstream.tools import schema_validator
 from tools.envs.host import EnvHost, load_directory, open_pack
 from tools.envs.pack import EnvTool, Pack
 

@@ -21,7 +21,7 @@ from tool_server.config import ConfigError, ToolSpec
 from tool_server.schema import Signature, derive_signature
 
 if TYPE_CHECKING:
-    from tool_server.upstream import UpstreamTool
+    from tool_server.upstream.hosting import UpstreamTool
 
 VERIFIER_PREFIX = "verify_"
 VERIFIERS_TOOLSET = "verifiers"

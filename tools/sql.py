@@ -30,7 +30,7 @@ from urllib.parse import quote
 import anyio
 
 from protocol import ErrorKind, SessionState, ToolContext, ToolError, ToolOutput, tool
-from tools.corpus import cache_dir
+from tools.search.corpus import cache_dir
 
 MAX_QUERY_CHARS = 100_000
 _PROGRESS_STEPS = 1000  # SQLite VM instructions between deadline checks

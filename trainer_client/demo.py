@@ -36,11 +36,11 @@ from typing import Any, TextIO
 
 import httpx
 
-from trainer_client.cli import CliError
-from trainer_client.dataset import load_tasks
-from trainer_client.rollout_runner import run_and_write, tool_chooser
-from trainer_client.summary import format_summary, summarize
-from trainer_client.templates import TOOL_SCHEMA_MODES
+from trainer_client.cli.command import CliError
+from trainer_client.rollout.dataset import load_tasks
+from trainer_client.rollout.runner import run_and_write, tool_chooser
+from trainer_client.rollout.summary import format_summary, summarize
+from trainer_client.templates.render import TOOL_SCHEMA_MODES
 
 
 @dataclass(frozen=True)
@@ -202,9 +202,9 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
     import torch
 
     from trainer_client.backends.hf import HFGenerator
-    from trainer_client.client import ToolClient
-    from trainer_client.models import load_model
-    from trainer_client.rollout import RolloutConfig, RolloutCore
+    from trainer_client.backends.models import load_model
+    from trainer_client.client.tool_client import ToolClient
+    from trainer_client.rollout.core import RolloutConfig, RolloutCore
 
     torch.manual_seed(args.seed)
     _say("loading SmolLM2-135M-Instruct (first run converts the packaged GGUF, ~30 s)")

@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer_client.client import ToolClient
+    from trainer_client.client.tool_client import ToolClient
 
 URL_ENV = "TOOLFACTORY_URL"  # the tool server (or comma-separated replicas) when none is given
 

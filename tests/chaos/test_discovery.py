@@ -23,8 +23,8 @@ import pytest
 from protocol import Call, ErrorKind, new_call_id, new_session_id
 from tests.support.require import require
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
-from trainer_client.client import ToolClient
-from trainer_client.discovery import DnsName, dns_name, resolve
+from trainer_client.client.discovery import DnsName, dns_name, resolve
+from trainer_client.client.tool_client import ToolClient
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -88,7 +88,7 @@ def hosts() -> Iterator[HostsEntries]:
 @pytest.fixture(scope="module")
 def smol_tokenizer() -> Any:
     require("transformers", "the rollout test renders turns with the SmolLM2 tokenizer (trainer extra)")
-    from trainer_client.models import load_tokenizer
+    from trainer_client.backends.models import load_tokenizer
 
     return load_tokenizer("smollm2")
 
@@ -194,7 +194,7 @@ async def test_a_replica_killed_and_one_added_during_a_rollout(
     continue elsewhere from an empty notebook; every other session keeps its whole state;
     trajectories started after the fourth joined use it too."""
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task
+    from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task
 
     addresses = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"]
     port = common_port(addresses)

@@ -17,7 +17,7 @@ import pytest
 
 from protocol import Call, ErrorKind, Result, new_call_id
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
-from trainer_client.client import ToolClient
+from trainer_client.client.tool_client import ToolClient
 
 pytestmark = pytest.mark.timeout(90)
 

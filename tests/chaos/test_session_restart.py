@@ -25,7 +25,7 @@ from mcp import Client
 from protocol import Call, ErrorKind, Result, new_call_id, new_session_id
 from tests.support.require import require
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
-from trainer_client.client import ToolClient
+from trainer_client.client.tool_client import ToolClient
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -257,7 +257,7 @@ async def test_the_mcp_invoker_names_the_process_and_sees_a_restart(replica: Res
     opened on: after a restart that session is ``unknown_session``, not an empty notebook,
     while a new session opens on the new process. Without the echo the old id would open
     afresh there (the last assertion shows what an unfenced call gets)."""
-    from trainer_client.mcp_client import McpToolClient
+    from trainer_client.client.mcp import McpToolClient
 
     session, fresh = f"mcp-{uuid.uuid4().hex}", f"mcp-{uuid.uuid4().hex}"
     async with McpToolClient(replica.url + "/mcp/test", mode="2026-07-28") as client:
@@ -296,7 +296,7 @@ class Gated:
 @pytest.fixture(scope="module")
 def smol_tokenizer() -> Any:
     require("transformers", "the rollout test renders turns with the SmolLM2 tokenizer (trainer extra)")
-    from trainer_client.models import load_tokenizer
+    from trainer_client.backends.models import load_tokenizer
 
     return load_tokenizer("smollm2")
 
@@ -317,7 +317,7 @@ async def test_a_replica_restarted_mid_rollout_ends_only_its_sessions(smol_token
     others keep their whole notebook and end with an answer; trajectories started after the
     restart use the new process as well."""
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task
+    from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task
 
     eos = smol_tokenizer.convert_tokens_to_ids("<|im_end|>")
 

@@ -43,12 +43,12 @@ from bfcl_eval.utils import populate_test_cases_with_predefined_functions  # noq
 
 from protocol import ErrorKind, ToolError, VerifyRequest, decode_results  # noqa: E402
 from tests.support.server import ServerProcess, running_server, server_config  # noqa: E402
-from tools.envs import bfcl  # noqa: E402
-from tools.envs.bfcl_data import CATEGORIES, Entry, entries, function_docs, parse_call  # noqa: E402
-from tools.envs.bfcl_state import api_class, comparable, load_instance  # noqa: E402
+from tools.envs.bfcl import packs as bfcl  # noqa: E402
+from tools.envs.bfcl.data import CATEGORIES, Entry, entries, function_docs, parse_call  # noqa: E402
+from tools.envs.bfcl.state import api_class, comparable, load_instance  # noqa: E402
 from tools.envs.pack import EnvTask, GoldCall, Pack  # noqa: E402
 from tools.envs.world import World  # noqa: E402
-from tools.verifiers.tool_use import DEFAULT_WEIGHTS, score  # noqa: E402
+from tools.verifiers.tool_use.reward import DEFAULT_WEIGHTS, score  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 WEIGHTED = set(DEFAULT_WEIGHTS) - {"penalty"}  # the components a train score sums (1.0 at best)

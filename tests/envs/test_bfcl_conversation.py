@@ -19,12 +19,12 @@ require("bfcl_eval")
 
 from tests.support.server import ServerProcess, running_server, server_config  # noqa: E402
 from tools.data.environments import task_row  # noqa: E402
-from tools.envs import bfcl  # noqa: E402
+from tools.envs.bfcl import packs as bfcl  # noqa: E402
+from trainer_client.backends.models import load_tokenizer  # noqa: E402
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # noqa: E402
-from trainer_client.client import ToolClient  # noqa: E402
-from trainer_client.dataset import TaskRow  # noqa: E402
-from trainer_client.models import load_tokenizer  # noqa: E402
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason  # noqa: E402
+from trainer_client.client.tool_client import ToolClient  # noqa: E402
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason  # noqa: E402
+from trainer_client.rollout.dataset import TaskRow  # noqa: E402
 
 TASK = "multi_turn_base_0"
 

@@ -33,7 +33,7 @@ from tools.envs.builder.gate import ProbePool, leak_probes, mentions, run_gate
 from tools.envs.builder.loader import SANDBOXED, assemble_source, built_tools
 from tools.envs.pack import EnvTask, Gold, GoldCall, Pack, PackInfo, call_depths, load_pack
 from tools.sandbox import SandboxError, SandboxLimits
-from tools.verifiers.tool_use import score
+from tools.verifiers.tool_use.reward import score
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = "A small library: members look books up and borrow the ones that are available."

@@ -17,7 +17,7 @@ import yaml
 from tests.support import env_pack
 from tests.support.server import REPO
 from tools.envs.pack import load_pack
-from trainer_client.dataset import load_tasks
+from trainer_client.rollout.dataset import load_tasks
 
 SOURCE = "tests.support.env_pack:pack"
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,8 @@ from tools.data.environments import build_rows
 from tools.envs.pack import Pack, call_depths
 from tools.envs.procedural import pack
 from tools.envs.procedural.examples import worked_examples
-from tools.verifiers.tool_use import score
-from trainer_client.parsers import HermesParser
+from tools.verifiers.tool_use.reward import score
+from trainer_client.parsers.registry import HermesParser
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ from tests.support.server import REPO, ServerProcess, running_server, server_con
 from tools.envs.image_env import LEGIBLE_PX, TOOLS, VIEW_SIDE, pack
 from tools.envs.pack import dump_pack, load_pack
 from tools.images import Renderer, render
-from tools.verifiers.tool_use import score
+from tools.verifiers.tool_use.reward import score
 
 pytestmark = pytest.mark.timeout(180)
 ARGS = {"seed": 3, "tasks": 9}

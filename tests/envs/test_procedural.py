@@ -31,7 +31,7 @@ from tools.envs.procedural import WORLDS, derive_answer, pack, tools_module, wor
 from tools.envs.procedural.compose import output_records
 from tools.envs.procedural.examples import worked_examples
 from tools.envs.procedural.kit import MAX_RESULTS
-from tools.verifiers.tool_use import score
+from tools.verifiers.tool_use.reward import score
 
 TASKS = 60
 FUNCTIONAL, TYPED = "functional_generalisation", "parameter_type_generalisation"

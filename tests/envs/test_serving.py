@@ -333,10 +333,10 @@ def test_the_tool_use_verifier_refuses_what_it_cannot_score(server: ServerProces
 def roll_out(srv: ServerProcess, task: Any, turns: list[str], **config: Any) -> Any:
     """``task`` rolled out by the rollout core: a scripted model (SmolLM2's tokenizer) says
     ``turns``, the batched client calls the server, and the server's verifier scores it."""
+    from trainer_client.backends.models import load_tokenizer
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.client import ToolClient
-    from trainer_client.models import load_tokenizer
-    from trainer_client.rollout import RolloutConfig, RolloutCore
+    from trainer_client.client.tool_client import ToolClient
+    from trainer_client.rollout.core import RolloutConfig, RolloutCore
 
     tokenizer = load_tokenizer("smollm2")
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -357,8 +357,8 @@ def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world
     """The trainer's side: a dataset row of a pack task, rolled out by the rollout core with a
     scripted model through the batched client, plays the task's patched world and is scored there."""
     from tools.data.environments import build_rows
-    from trainer_client.dataset import TaskRow
-    from trainer_client.rollout import StopReason
+    from trainer_client.rollout.core import StopReason
+    from trainer_client.rollout.dataset import TaskRow
 
     rows = build_rows(env_pack.pack(), test_fraction=0.0)["train"]
     task = TaskRow.from_row(next(r for r in rows if r["extra_info"]["task"] == "cancel_patched")).task()
@@ -381,7 +381,7 @@ def test_a_rollout_binds_its_session_to_the_rows_task_and_is_scored_on_its_world
 
 
 def test_a_rollout_of_an_unknown_task_ends_with_the_servers_error(server: ServerProcess) -> None:
-    from trainer_client.rollout import StopReason, Task
+    from trainer_client.rollout.core import StopReason, Task
 
     task = Task([{"role": "user", "content": "hi"}], ground_truth={"pack": "shop", "task": "gone"})
     text = '<tool_call>{"name": "get_order", "arguments": {"order_id": "o1"}}</tool_call>'

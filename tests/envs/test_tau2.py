@@ -20,11 +20,11 @@ import pytest
 
 from protocol import ErrorKind, ToolError, VerifyRequest, decode_results
 from tests.support.server import ServerProcess, running_server, server_config
-from tools.envs import tau2
 from tools.envs.pack import EnvTask, GoldCall, Pack
-from tools.envs.tau2_domain import DOMAINS, load_domain
+from tools.envs.tau2 import packs as tau2
+from tools.envs.tau2.domain import DOMAINS, load_domain
 from tools.envs.world import World
-from tools.verifiers.tool_use import score
+from tools.verifiers.tool_use.reward import score
 
 Action = tuple[str, dict[str, Any]]
 

@@ -28,15 +28,16 @@ from tests.support.openai_server import dead_url, serve_in_thread
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.data import __main__ as data_cli
 from tools.data.environments import build_rows, task_row
-from tools.envs import procedural, tau2
+from tools.envs import procedural
 from tools.envs.pack import Pack
-from trainer_client import cli as rollout_cli
+from tools.envs.tau2 import packs as tau2
+from trainer_client.backends.models import load_tokenizer
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.client import ToolClient
-from trainer_client.dataset import TaskRow, load_tasks
-from trainer_client.models import load_tokenizer
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
-from trainer_client.user_sim import STOP, simulator_messages
+from trainer_client.cli import command as rollout_cli
+from trainer_client.client.tool_client import ToolClient
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.rollout.dataset import TaskRow, load_tasks
+from trainer_client.rollout.user_sim import STOP, simulator_messages
 
 TASK = "create_task_1"  # the customer wants a task 'Important Meeting' created for user_1
 GREETING = "Hello! How can I help you today?"

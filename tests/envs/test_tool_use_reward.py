@@ -1,4 +1,4 @@
-"""The ``tool_use`` reward on real packs, worlds and call logs (tools.verifiers.tool_use).
+"""The ``tool_use`` reward on real packs, worlds and call logs (tools.verifiers.tool_use.reward).
 
 A small shop pack is built from the real records (``tools/envs/pack.py``); trajectories
 are produced by running calls through ``Pack.call`` on a fresh ``Pack.new_world``, as
@@ -21,10 +21,10 @@ from protocol import ToolError, VerifyRequest
 from tests.envs.tool_use_shop import TOOLS
 from tools.envs.pack import Complexity, EnvTask, Gold, GoldCall, Pack, PackInfo
 from tools.envs.world import World
-from tools.verifiers.tool_use import COMPONENTS, DEFAULT_WEIGHTS, score
-from tools.verifiers.tool_use_match import Candidate, match_calls
-from tools.verifiers.tool_use_schema import compile_schema, schema_problem
-from tools.verifiers.tool_use_values import argument_difference, same_value, standardize
+from tools.verifiers.tool_use.match import Candidate, match_calls
+from tools.verifiers.tool_use.reward import COMPONENTS, DEFAULT_WEIGHTS, score
+from tools.verifiers.tool_use.schema import compile_schema, schema_problem
+from tools.verifiers.tool_use.values import argument_difference, same_value, standardize
 
 COUNTS = {"extra_calls", "failed_calls"}
 

@@ -15,7 +15,7 @@ import os
 import anyio
 
 from tools.sandbox import SandboxLimits, run_python
-from tools.sandbox_host import HOSTDIRS
+from tools.sandbox.host import HOSTDIRS
 
 LIMITS = SandboxLimits(timeout_s=30, memory_mb=256)
 

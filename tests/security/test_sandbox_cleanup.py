@@ -21,7 +21,7 @@ import pytest
 
 from protocol import decode_results
 from tests.support.server import running_server, server_config
-from tools.sandbox_proc import processes_of
+from tools.sandbox.processes import processes_of
 
 REPO = Path(__file__).resolve().parents[2]
 

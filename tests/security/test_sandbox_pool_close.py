@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from tools.sandbox import SandboxError, SandboxPool
-from tools.sandbox_uids import UIDS
+from tools.sandbox.uids import UIDS
 
 
 async def test_a_pool_closed_while_starting_leaves_no_worker() -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
-import tools.sandbox_interpreter as interpreter
+import tools.sandbox.interpreter as interpreter
 from tools.sandbox import SandboxPool
 
 
@@ -49,7 +49,7 @@ async def test_the_background_thread_survives_an_error_and_keeps_refilling(
             raise RuntimeError("injected: one bad round")
         return real()
 
-    caplog.set_level(logging.ERROR, logger="tools.sandbox_pool")
+    caplog.set_level(logging.ERROR, logger="tools.sandbox.pool")
     async with pool:
         pool._wants_spare = fails_once  # type: ignore[method-assign]
         lease = await pool.acquire()  # takes the only spare: the background thread must refill
@@ -58,7 +58,7 @@ async def test_the_background_thread_survives_an_error_and_keeps_refilling(
             assert raised == ["sandbox-pool"]
             assert pool._thread is not None and pool._thread.is_alive()
             assert pool.gauges()["sandbox_maintenance_errors_total"] == 1
-            logged = [r for r in caplog.records if r.name == "tools.sandbox_pool"]
+            logged = [r for r in caplog.records if r.name == "tools.sandbox.pool"]
             assert len(logged) == 1 and logged[0].exc_info is not None
             assert "injected: one bad round" in caplog.text
             assert (await lease.run("6 * 7")).value == "42"

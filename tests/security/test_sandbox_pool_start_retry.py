@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker
-from tools.sandbox_zygote import Template
+from tools.sandbox.zygote import Template
 
 
 def _kill_after_fork(monkeypatch: pytest.MonkeyPatch, times: int) -> list[int]:

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from tools.sandbox import SandboxLimits, SandboxWorker
-from tools.sandbox_proc import processes_of
+from tools.sandbox.processes import processes_of
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256)
 

@@ -19,8 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = r"""
 import json, os, resource
 from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker
-from tools.sandbox_host import HOSTDIRS
-from tools.sandbox_uids import UIDS
+from tools.sandbox.host import HOSTDIRS
+from tools.sandbox.uids import UIDS
 
 def fds():
     found = {}

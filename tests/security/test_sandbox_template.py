@@ -24,13 +24,13 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 
-import tools.sandbox_zygote as zygote
+import tools.sandbox.zygote as zygote
 from protocol import SessionState, ToolError
 from tests.support.tool_context import Ctx
 from tools.python_tool import PythonTool
 from tools.sandbox import SandboxError, SandboxLimits, SandboxWorker, default_hidden_paths
-from tools.sandbox_mounts import shareable
-from tools.sandbox_template import SPARES_PER_ROOT
+from tools.sandbox.mounts import shareable
+from tools.sandbox.template import SPARES_PER_ROOT
 
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=10, memory_mb=256)
 IS_ROOT = os.geteuid() == 0
@@ -290,7 +290,7 @@ async def test_the_template_serves_only_fork_and_reap() -> None:
 
 HOLD_A_WORKER = r"""
 import anyio, sys
-import tools.sandbox_zygote as zygote
+import tools.sandbox.zygote as zygote
 from tools.sandbox import SandboxWorker
 async def main():
     worker = await anyio.to_thread.run_sync(SandboxWorker.spawn)

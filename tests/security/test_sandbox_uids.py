@@ -21,7 +21,7 @@ import pytest
 
 from tool_server.app import configure_sandbox
 from tool_server.config import ConfigError, load_config
-from tools.sandbox_uids import UidClaim
+from tools.sandbox.uids import UidClaim
 
 REPO = Path(__file__).resolve().parents[2]
 

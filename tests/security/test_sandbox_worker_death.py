@@ -22,9 +22,9 @@ import time
 import anyio
 import pytest
 
-import tools.sandbox_zygote as zygote
+import tools.sandbox.zygote as zygote
 from tools.sandbox import SandboxLimits, SandboxWorker
-from tools.sandbox_proc import processes_of
+from tools.sandbox.processes import processes_of
 
 LIMITS = SandboxLimits(timeout_s=3, memory_mb=256)
 

@@ -23,7 +23,7 @@ from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from tests.support.server import ServerProcess, running_server, server_config
-from tool_server.connections import GuardedProtocol, connection_cap
+from tool_server.api.connections import GuardedProtocol, connection_cap
 
 HEADER_TIMEOUT_S = 1.5
 BODY_TIMEOUT_S = 1.5

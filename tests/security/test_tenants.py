@@ -20,7 +20,7 @@ import yaml
 
 from protocol import Result, decode_results
 from tests.support.server import REPO, ServerProcess, running_server, server_config
-from tool_server.auth import is_loopback
+from tool_server.api.auth import is_loopback
 
 TOKEN_A = "tenant-a-token-0123456789"  # every tool
 TOKEN_B = "tenant-b-token-0123456789"  # math only

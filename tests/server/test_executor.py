@@ -12,7 +12,7 @@ import pytest
 from protocol import Call, SessionState, ToolContext, ToolError, new_call_id, tool
 from tool_server.app import build_registry
 from tool_server.config import ConfigError, config_from_dict, load_config
-from tool_server.executor import Executor, Overloaded
+from tool_server.executor.executor import Executor, Overloaded
 
 EVENTS: dict[str, list[str]] = {"cancelled": [], "closed": [], "threads": []}
 _concurrent = {"now": 0, "peak": 0}

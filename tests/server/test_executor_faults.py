@@ -20,8 +20,8 @@ from tests.server import executor_fault_tools as fault_tools
 from tests.support.server import ServerProcess, running_server, server_config
 from tool_server.app import build_registry
 from tool_server.config import config_from_dict
-from tool_server.executor import Caller, Executor
-from tool_server.executor_records import canonical_arguments
+from tool_server.executor.executor import Caller, Executor
+from tool_server.executor.records import canonical_arguments
 
 TOOLS = [
     {"target": f"tests.server.executor_fault_tools:{name}", "toolsets": ["test"]}

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.server import ServerProcess, running_server, server_config
-from tool_server.openapi import openapi_spec
+from tool_server.api.openapi import openapi_spec
 
 schema = schemathesis.openapi.from_dict(openapi_spec())
 

@@ -109,10 +109,10 @@ def test_sdk_resolves_input_schemas_without_a_tools_list_per_call():
     # The SDK checks Mcp-Param headers of every tools/call against the tool's input
     # schema; without this hook it runs (and serialises) a whole tools/list to find it.
     from tests.support.server import server_config
+    from tool_server.api.mcp import McpEndpoint
     from tool_server.app import build_registry
     from tool_server.config import config_from_dict
-    from tool_server.executor import Executor
-    from tool_server.mcp_endpoint import McpEndpoint
+    from tool_server.executor.executor import Executor
 
     config = config_from_dict(server_config(), environ={})
     registry = build_registry(config)
@@ -127,7 +127,7 @@ def test_results_convert_to_sdk_objects_for_every_block_kind():
     import mcp_types as types
 
     from protocol import Result
-    from tool_server.mcp_endpoint import _to_call_tool_result
+    from tool_server.api.mcp import _to_call_tool_result
 
     blocks = [
         {"type": "text", "text": "plain"},
@@ -147,10 +147,10 @@ def test_results_convert_to_sdk_objects_for_every_block_kind():
 
 def test_calls_without_a_client_id_get_distinct_ids():
     from tests.support.server import server_config
+    from tool_server.api.mcp import McpEndpoint
     from tool_server.app import build_registry
     from tool_server.config import config_from_dict
-    from tool_server.executor import Executor
-    from tool_server.mcp_endpoint import McpEndpoint
+    from tool_server.executor.executor import Executor
 
     config = config_from_dict(server_config(), environ={})
     registry = build_registry(config)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from tool_server.mcp_endpoint import _CollectingEvery
+from tool_server.api.mcp import _CollectingEvery
 
 
 @pytest.fixture

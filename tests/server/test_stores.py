@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tool_server.stores import TTLStore
+from tool_server.executor.stores import TTLStore
 
 
 @pytest.fixture

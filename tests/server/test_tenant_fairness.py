@@ -20,8 +20,8 @@ from protocol import Call, decode_results, new_call_id, tool
 from tests.support.server import ServerProcess, running_server, server_config
 from tool_server.app import build_registry
 from tool_server.config import ConfigError, config_from_dict
-from tool_server.executor import Caller, Executor, Overloaded
-from tool_server.fair_slots import FairSlots
+from tool_server.executor.executor import Caller, Executor, Overloaded
+from tool_server.executor.fair_slots import FairSlots
 
 TOKEN_A = "fairness-tenant-a-0123456789"
 TOKEN_B = "fairness-tenant-b-0123456789"
@@ -272,7 +272,7 @@ def test_a_batch_larger_than_a_token_may_ever_hold_says_so_and_the_client_gets_t
         assert fits.status_code == 200 and all(not r.is_error for r in decode_results(fits.content))
 
         async def through_the_client() -> list[Any]:
-            from trainer_client.client import ToolClient
+            from trainer_client.client.tool_client import ToolClient
 
             async with ToolClient(srv.url, token=TOKEN_A) as client:
                 return await client.call_tools(

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse
 
 from protocol import META_KEY, ErrorKind, ToolMeta
 from tests.support.openai_server import dead_url, serve_in_thread
-from tool_server.upstream import (
+from tool_server.upstream.hosting import (
     HttpSpec,
     StdioSpec,
     UpstreamServer,
@@ -539,8 +539,8 @@ def test_registry_follows_the_upstream_tool_lists() -> None:
     # offering disappear (from toolsets and listings too), others stay. A configured tool
     # keeps its name; between upstreams the one listed first wins, whatever order they come in.
     from tool_server.registry import Registry, ToolEntry
-    from tool_server.upstream import Upstreams
-    from tool_server.upstream_tools import build_catalog
+    from tool_server.upstream.hosting import Upstreams
+    from tool_server.upstream.tools import build_catalog
 
     files, other = (UpstreamServer(n, {"command": "x"}, namespace="files") for n in ("files", "other"))
 

@@ -19,7 +19,7 @@ from protocol import META_KEY
 from tests.server.test_upstream_served import wait_for
 from tests.support.server import BASE_TOOLS, REPO, running_server, server_config
 from tool_server.config import DEFAULT_CONFIG_PATH, Config
-from tool_server.upstream import CLIENT_ONLY_KEYS, MAX_NAME_LENGTH, OPTION_KEYS, export_names
+from tool_server.upstream.hosting import CLIENT_ONLY_KEYS, MAX_NAME_LENGTH, OPTION_KEYS, export_names
 
 TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
 OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -19,8 +19,8 @@ from protocol import ErrorKind
 from tests.server.test_upstream import wait_until
 from tests.server.test_upstream_unruly import UNRULY, _written
 from tests.support.openai_server import serve_in_thread
-from tool_server.upstream import UpstreamServer
-from tool_server.upstream_stdio import LineSplitter, Oversize, stand_in
+from tool_server.upstream.hosting import UpstreamServer
+from tool_server.upstream.stdio import LineSplitter, Oversize, stand_in
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -16,7 +16,7 @@ from protocol import ErrorKind, SessionState, decode_results
 from tests.server.test_upstream import children, wait_until
 from tests.server.test_upstream_served import wait_for
 from tests.support.server import running_server, server_config
-from tool_server.upstream import UpstreamServer
+from tool_server.upstream.hosting import UpstreamServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -108,7 +108,7 @@ class ChatModel:
 @functools.cache
 def shared_chat_model(name: str = "smollm2") -> ChatModel:
     """The packaged SmolLM2-135M-Instruct, loaded once per test process."""
-    from trainer_client.models import load_model
+    from trainer_client.backends.models import load_model
 
     tokenizer, model = load_model(name, device="cpu")
     return ChatModel(tokenizer, model)

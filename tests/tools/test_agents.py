@@ -16,8 +16,8 @@ from protocol import ErrorKind, Result, ToolError, ToolOutput, get_tool_meta, ne
 from tests.support.openai_server import Faults, create_app, dead_url, serve_in_thread, shared_chat_model
 from tools.agents import Plan, Step, Tracer, first_sentences, research
 from tools.calculator import calculator
-from tools.dense_search import DenseSearchTool
 from tools.llm import LlmTool
+from tools.search.dense import DenseSearchTool
 from tools.testing import echo, fail
 
 PAGES = [

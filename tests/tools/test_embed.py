@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from protocol import ErrorKind, ToolError, ToolOutput
-from tools.corpus import CorpusError
-from tools.dense_search import (
+from tools.embed import EmbedTool, Encoder, RerankTool, get_encoder, resolve_embedding_model
+from tools.search.bm25 import SearchTool
+from tools.search.corpus import CorpusError
+from tools.search.dense import (
     DenseIndex,
     DenseSearchTool,
     corpus_hash,
     read_corpus,
     reciprocal_rank_fusion,
 )
-from tools.embed import EmbedTool, Encoder, RerankTool, get_encoder, resolve_embedding_model
-from tools.search import SearchTool
 
 DOCS = [
     ("cat", "Cat", "The cat is a small domesticated carnivorous mammal often kept as a house pet."),

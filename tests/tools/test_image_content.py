@@ -139,7 +139,7 @@ def test_images_come_back_byte_for_byte_through_the_official_mcp_client(server: 
 
 
 def test_images_come_back_byte_for_byte_through_the_trainer_client(server: ServerProcess) -> None:
-    from trainer_client.client import ToolClient
+    from trainer_client.client.tool_client import ToolClient
 
     async def scenario() -> Result:
         async with ToolClient(server.url) as client:

@@ -4,7 +4,7 @@ Each escape attempt runs in a worker of one shared pool while a *bystander* work
 session) holds a variable; after every attempt the attack must be reported as a result, the
 bystander must be untouched and the pool must still serve a normal call.
 
-What a sandbox may and may not do (see tools/sandbox.py):
+What a sandbox may and may not do (see tools/sandbox/__init__.py):
 allowed: read the system and interpreter files its fresh root shows (/usr, the standard
 library, a synthetic /etc/passwd), read and write its own /tmp (its working directory);
 denied: everything else on the host (/etc/shadow, the host's /tmp, the server's working

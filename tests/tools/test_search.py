@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 import pytest
 
-import tools.search as tools_search
+import tools.search.bm25 as tools_search
 from protocol import ErrorKind, ToolError, get_tool_meta
-from tools.corpus import CorpusError, builtin_corpus, load_corpus
-from tools.search import SearchTool
+from tools.search.bm25 import SearchTool
+from tools.search.corpus import CorpusError, builtin_corpus, load_corpus
 
 
 @pytest.fixture(scope="module")

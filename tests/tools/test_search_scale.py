@@ -19,15 +19,15 @@ import orjson
 import pytest
 import yaml
 
-import tools.search as search_module
+import tools.search.bm25 as search_module
 from protocol import decode_results
 from tests.support.require import require
 from tests.support.server import REPO, running_server, server_config
-from tools.corpus import CorpusError, Document, builtin_corpus, load_corpus
-from tools.dense_search import reciprocal_rank_fusion
-from tools.search import SearchTool, Tokenizer, open_saved_index
-from tools.search_index import SearchIndexError, build_index, load_manifest, parse_passage, upgrade_index
-from tools.search_topk import PostingScorer, term_maxima
+from tools.search.bm25 import SearchTool, Tokenizer, open_saved_index
+from tools.search.corpus import CorpusError, Document, builtin_corpus, load_corpus
+from tools.search.dense import reciprocal_rank_fusion
+from tools.search.index import SearchIndexError, build_index, load_manifest, parse_passage, upgrade_index
+from tools.search.topk import PostingScorer, term_maxima
 
 QUERIES = [
     "theory of relativity physicist",
@@ -184,7 +184,7 @@ def test_scorer_breaks_ties_by_passage_and_handles_short_lists() -> None:
 
 
 def test_bad_index_directories_are_named(saved: Path, tmp_path: Path) -> None:
-    with pytest.raises(SearchIndexError, match="does not exist; build it with `python -m tools.search_index"):
+    with pytest.raises(SearchIndexError, match="does not exist; build it with `python -m tools.search.index"):
         SearchTool(index=str(tmp_path / "missing"))
     with pytest.raises(SearchIndexError, match=r"manifest.json is missing"):
         SearchTool(index=str(tmp_path))
@@ -210,11 +210,11 @@ def test_a_format_1_index_is_refused_then_upgraded_in_place(saved: Path, tmp_pat
     for name in ("impact.docs.npy", "impact.scores.npy"):
         (old / name).write_bytes(b"")
     with pytest.raises(
-        SearchIndexError, match=r"format 'toolfactory-bm25-1'.*`python -m tools.search_index upgrade"
+        SearchIndexError, match=r"format 'toolfactory-bm25-1'.*`python -m tools.search.index upgrade"
     ):
         SearchTool(index=str(old))
     run = subprocess.run(
-        [sys.executable, "-m", "tools.search_index", "upgrade", str(old)],
+        [sys.executable, "-m", "tools.search.index", "upgrade", str(old)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -229,7 +229,7 @@ def test_a_format_1_index_is_refused_then_upgraded_in_place(saved: Path, tmp_pat
     assert upgrade_index(old) == load_manifest(old)  # already current: nothing to do
     (old / "manifest.json").write_bytes(orjson.dumps({**manifest, "format": "someone-else-3"}))
     with pytest.raises(
-        SearchIndexError, match=r"'someone-else-3'.*rebuild it with `python -m tools.search_index build"
+        SearchIndexError, match=r"'someone-else-3'.*rebuild it with `python -m tools.search.index build"
     ):
         load_manifest(old)
 
@@ -240,7 +240,7 @@ def test_cli_build_and_info(passages: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "tools.search_index",
+            "tools.search.index",
             "build",
             str(passages),
             str(out),
@@ -256,7 +256,7 @@ def test_cli_build_and_info(passages: Path, tmp_path: Path) -> None:
     assert report["num_docs"] == sum(1 for _ in passages.open("rb")) and report["size_bytes"] > 0
     assert "tokenising" in run.stderr  # the progress bar
     bad = subprocess.run(
-        [sys.executable, "-m", "tools.search_index", "info", str(tmp_path / "nope")],
+        [sys.executable, "-m", "tools.search.index", "info", str(tmp_path / "nope")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -350,7 +350,7 @@ async def test_hybrid_without_the_model_serves_bm25_and_says_why(
 ) -> None:
     missing = str(tmp_path / "no-model-here")
     tool = SearchTool(corpus=str(tiny), cache_dir=str(tmp_path / "cache"), hybrid=True, dense_model=missing)
-    with caplog.at_level(logging.WARNING, logger="tools.search"):
+    with caplog.at_level(logging.WARNING, logger="tools.search.bm25"):
         await tool.startup()
     assert tool.retriever == "bm25"
     assert "no-model-here" in (tool.hybrid_unavailable or "")

@@ -65,6 +65,6 @@ class InProcessInvoker:
 
 @pytest.fixture(scope="session")
 def smol_tokenizer() -> Any:
-    from trainer_client.models import load_tokenizer
+    from trainer_client.backends.models import load_tokenizer
 
     return load_tokenizer("smollm2")

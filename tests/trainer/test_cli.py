@@ -12,10 +12,10 @@ import orjson
 import pytest
 
 from tests.support.server import running_server, server_config
-from trainer_client.cli import SUBCOMMANDS, build_parser, main
-from trainer_client.dataset import load_tasks
-from trainer_client.summary import format_summary, summarize
-from trainer_client.trajectory_records import segments
+from trainer_client.cli.command import SUBCOMMANDS, build_parser, main
+from trainer_client.rollout.dataset import load_tasks
+from trainer_client.rollout.records import segments
+from trainer_client.rollout.summary import format_summary, summarize
 
 RECORD = {
     "id": "s-abc",
@@ -128,7 +128,7 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_console_script_help() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "rollout", "--help"],
+        [sys.executable, "-m", "trainer_client.cli.command", "rollout", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -139,9 +139,12 @@ def test_console_script_help() -> None:
 
 def test_module_run_lists_every_subcommand() -> None:
     # python -m runs cli.py as __main__: the plug-in subcommands used to register on the
-    # other copy of the module (trainer_client.cli), and only ``rollout`` was listed.
+    # other copy of the module (trainer_client.cli.command), and only ``rollout`` was listed.
     done = subprocess.run(
-        [sys.executable, "-m", "trainer_client.cli", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "trainer_client.cli.command", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0
     listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("    ")}

@@ -12,10 +12,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from protocol import Call, ErrorKind, VerifyRequest, new_call_id, new_session_id
 from tests.support.server import running_server, server_config
-from trainer_client.client import ToolClient
-from trainer_client.client_records import declares_idempotent as _declares_idempotent
-from trainer_client.mcp_client import McpToolClient
-from trainer_client.sync import SyncToolClient
+from trainer_client.client.mcp import McpToolClient
+from trainer_client.client.records import declares_idempotent as _declares_idempotent
+from trainer_client.client.sync import SyncToolClient
+from trainer_client.client.tool_client import ToolClient
 
 
 def server_metric(base_url: str, name: str, **labels: str) -> float:

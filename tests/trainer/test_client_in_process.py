@@ -18,8 +18,8 @@ from protocol import Call, ErrorKind, new_call_id
 from tests.support.server import server_config
 from tool_server.app import create_app
 from tool_server.config import config_from_dict
-from trainer_client.client import ToolClient
-from trainer_client.client_policies import BatchPolicy, HealthPolicy, RetryPolicy
+from trainer_client.client.policies import BatchPolicy, HealthPolicy, RetryPolicy
+from trainer_client.client.tool_client import ToolClient
 
 URL = "http://toolserver"  # ASGITransport ignores the host
 

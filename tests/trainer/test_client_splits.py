@@ -1,4 +1,4 @@
-"""Split POSTs (``client_splits``) against real servers on loopback: relief for a batch that
+"""Split POSTs (``trainer_client.client.splits``) against real servers on loopback: relief for a batch that
 one slow call holds back, none for a replica that is slow as a whole."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from protocol import Call, new_call_id
 from tests.support.server import running_server
-from trainer_client.client import ToolClient
+from trainer_client.client.tool_client import ToolClient
 
 
 @pytest.fixture(scope="module")

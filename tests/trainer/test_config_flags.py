@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from trainer_client.config_flags import add_dataclass_flags, field_docs, given_values
-from trainer_client.grpo_config import GRPOConfig
-from trainer_client.train_cli import config_from_args, configure
+from trainer_client.cli.flags import add_dataclass_flags, field_docs, given_values
+from trainer_client.cli.train import config_from_args, configure
+from trainer_client.training.config import GRPOConfig
 
 
 def train_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,8 @@ from trainer_client.backends.hf_prefix import (  # noqa: E402
     prompt_prefix,
     use_gqa_decode_attention,
 )
-from trainer_client.grpo import (  # noqa: E402
+from trainer_client.rollout.core import StopReason, Trajectory  # noqa: E402
+from trainer_client.training.grpo import (  # noqa: E402
     GRPOConfig,
     GRPOTrainer,
     RolloutBatch,
@@ -36,13 +37,12 @@ from trainer_client.grpo import (  # noqa: E402
     policy_loss_terms,
     task_from_row,
 )
-from trainer_client.logprobs import response_logprobs, shared_prefix  # noqa: E402
-from trainer_client.rollout import StopReason, Trajectory  # noqa: E402
+from trainer_client.training.logprobs import response_logprobs, shared_prefix  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def smol() -> tuple[Any, Any]:
-    from trainer_client.models import load_model
+    from trainer_client.backends.models import load_model
 
     torch.set_num_threads(1)
     return load_model("smollm2")
@@ -283,7 +283,7 @@ def test_task_from_a_builder_row() -> None:
 def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedProcess[str]:
     """The same command as the learning run (examples/learn_arithmetic.py), tiny."""
     command = [
-        sys.executable, "-m", "trainer_client.cli", "train",
+        sys.executable, "-m", "trainer_client.cli.command", "train",
         "--server", url,
         "--train-data", str(data / "train.parquet"),
         "--eval-data", str(data / "test.parquet"),
@@ -348,7 +348,7 @@ def test_train_two_steps_then_resume(tmp_path: Path) -> None:
         # the weights moved (the entropy term alone guarantees a gradient)
         from safetensors.torch import load_file
 
-        from trainer_client.models import resolve_model_path
+        from trainer_client.backends.models import resolve_model_path
 
         before = load_file(resolve_model_path("smollm2") / "model.safetensors")
         after = load_file(checkpoint / "model.safetensors")
@@ -368,7 +368,7 @@ def test_train_two_steps_then_resume(tmp_path: Path) -> None:
 def test_held_out_success_is_grouped_by_kind_or_environment_level() -> None:
     # environment rows carry a level (extra_info), built-in ones a kind; the learning run's
     # per-level table reads these groups
-    from trainer_client.dataset import TaskRow
+    from trainer_client.rollout.dataset import TaskRow
 
     env_row = {
         "prompt": [{"role": "user", "content": "x"}],

@@ -15,7 +15,7 @@ torch = require("torch", reason="the HF backend needs torch (pip install torch==
 from tests.trainer.conftest import InProcessInvoker  # noqa: E402
 from trainer_client.backends.base import STOP_COMPLETED, STOP_LENGTH, Generator  # noqa: E402
 from trainer_client.backends.hf import HFGenerator  # noqa: E402
-from trainer_client.rollout import RolloutConfig, RolloutCore, Task  # noqa: E402
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -26,7 +26,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def smol() -> Iterator[tuple[Any, Any]]:
-    from trainer_client.models import load_model
+    from trainer_client.backends.models import load_model
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread is far faster than two when the cores are shared
@@ -171,7 +171,7 @@ def test_rollout_with_the_real_model(smol: tuple[Any, Any]) -> None:
 
 
 def test_model_resolution(smol: tuple[Any, Any], tmp_path: Any) -> None:
-    from trainer_client.models import resolve_model_path
+    from trainer_client.backends.models import resolve_model_path
 
     tok, model = smol
     # The converted SmolLM2 ends turns with <|im_end|> (transformers' GGUF loader says <|im_start|>).
@@ -190,7 +190,7 @@ def test_concurrent_first_use_converts_once(tmp_path: Any, monkeypatch: pytest.M
     import threading
     import time
 
-    from trainer_client import models
+    from trainer_client.backends import models as models
 
     conversions: list[str] = []
 

@@ -18,11 +18,11 @@ import orjson
 import protocol
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.dataset import TaskRow
-from trainer_client.observations import MAX_LISTED, result_text
-from trainer_client.rollout import RolloutConfig, RolloutCore
-from trainer_client.rollout_runner import run_and_write
-from trainer_client.trajectory_records import read_records
+from trainer_client.rollout.core import RolloutConfig, RolloutCore
+from trainer_client.rollout.dataset import TaskRow
+from trainer_client.rollout.observations import MAX_LISTED, result_text
+from trainer_client.rollout.records import read_records
+from trainer_client.rollout.runner import run_and_write
 
 EOS = 2  # <|im_end|> in SmolLM2
 RAW = "caf\udce9 au lait"

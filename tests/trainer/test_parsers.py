@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_client.parsers import (
+from trainer_client.parsers.registry import (
     MAX_NESTING,
     HermesParser,
     ParsedCall,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from trainer_client.parsers import MAX_NESTING, ParsedCall, ParseOutcome, find_answer, get_parser
+from trainer_client.parsers.registry import MAX_NESTING, ParsedCall, ParseOutcome, find_answer, get_parser
 
 SEEDS = range(300)
 

@@ -21,9 +21,9 @@ from hypothesis.control import currently_in_test_context
 import protocol
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.parsers import ParsedCall, ParseOutcome
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
-from trainer_client.templates import SEARCH_R1_TEMPLATE
+from trainer_client.parsers.registry import ParsedCall, ParseOutcome
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.templates.render import SEARCH_R1_TEMPLATE
 
 EOS = 2  # <|im_end|> in SmolLM2
 MARKER_TOKENS = 12  # "\n...[truncated 123 tokens]" in SmolLM2 tokens, generously

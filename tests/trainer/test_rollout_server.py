@@ -10,9 +10,9 @@ import pytest
 
 from tests.support.server import running_server, server_config
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.client import ToolClient
-from trainer_client.dataset import TaskRow
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.client.tool_client import ToolClient
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.rollout.dataset import TaskRow
 
 EOS = 2  # <|im_end|> in SmolLM2
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer_client.client import ToolClient
-from trainer_client.dataset import DatasetError, TaskRow
+from trainer_client.client.tool_client import ToolClient
+from trainer_client.rollout.dataset import DatasetError, TaskRow
 from trainer_client.shared import LoopClients, plain
 
 
@@ -60,7 +60,7 @@ def test_a_dataset_row_becomes_a_task() -> None:
 
 async def test_the_agent_loop_rereads_tool_schemas_after_their_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("verl")
-    from trainer_client import verl_agent_loop
+    from trainer_client.verl import agent_loop as verl_agent_loop
 
     class Server:
         tools: list[dict[str, Any]] = [{"name": "a", "inputSchema": {"type": "object"}}]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.workbench.rollouts import image_record
-from trainer_client.cli import main
+from trainer_client.cli.command import main
 
 pytest.importorskip("PIL", reason="Pillow (images extra) renders the test picture")
 

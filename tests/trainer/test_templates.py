@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from tests.trainer.chat_templates import llama31_tokenizer, qwen25_tokenizer
-from trainer_client.parsers import ParsedCall, get_parser
-from trainer_client.templates import ChatTemplateRenderer, make_renderer
+from trainer_client.parsers.registry import ParsedCall, get_parser
+from trainer_client.templates.render import ChatTemplateRenderer, make_renderer
 
 USER = [{"role": "user", "content": "Please call the tools."}]
 
@@ -284,8 +284,8 @@ def test_the_observation_budget_counts_special_token_text_as_spliced(smol_tokeni
     text it is spliced as: the budget counts what is spliced, so the cut result fits."""
     from collections import Counter
 
-    from trainer_client.observation_budget import ObservationBudget
-    from trainer_client.rollout_types import RolloutConfig
+    from trainer_client.rollout.observation_budget import ObservationBudget
+    from trainer_client.rollout.types import RolloutConfig
 
     renderer = ChatTemplateRenderer(smol_tokenizer)
     config = RolloutConfig(max_obs_tokens=100)

@@ -18,8 +18,8 @@ import pytest
 
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.rollout import RolloutConfig, RolloutCore, Task
-from trainer_client.templates import (
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task
+from trainer_client.templates.render import (
     make_renderer,
     openai_tool_schemas,
     prompt_mentions_tools,
@@ -159,7 +159,7 @@ def test_inline_descriptions_are_recognised_by_tool_name() -> None:
 
 def qwen_style_model_dir(smol_tokenizer: Any, path: Path) -> Path:
     """A local 'model' directory for --model: SmolLM2's tokenizer with the Qwen-style template."""
-    from trainer_client.models import resolve_model_path
+    from trainer_client.backends.models import resolve_model_path
 
     tokenizer = copy.deepcopy(smol_tokenizer)
     tokenizer.chat_template = QWEN_STYLE_TEMPLATE
@@ -170,7 +170,7 @@ def qwen_style_model_dir(smol_tokenizer: Any, path: Path) -> Path:
 
 def test_the_trainer_shows_each_task_its_schemas(qwen_style_tokenizer: Any, tmp_path: Path) -> None:
     from tools.data import arithmetic, write_parquet
-    from trainer_client.grpo import GRPOConfig, GRPOTrainer, task_from_row
+    from trainer_client.training.grpo import GRPOConfig, GRPOTrainer, task_from_row
 
     class Invoker(InProcessInvoker):
         toolsets: list[str | None] = []

@@ -10,8 +10,8 @@ import pytest
 
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.dataset import DatasetError, TaskRow
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task
+from trainer_client.rollout.dataset import DatasetError, TaskRow
 
 CALL = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
 

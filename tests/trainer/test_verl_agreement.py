@@ -24,7 +24,7 @@ from tests.support.require import require
 from tests.trainer.chat_templates import llama31_tokenizer, qwen25_tokenizer
 from tests.trainer.conftest import InProcessInvoker
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task, Trajectory
 
 ct_wiring = require(
     "verl.utils.tokenizer.continuous_token_wiring",

@@ -18,9 +18,9 @@ import pytest
 from tests.support.require import require
 from tests.support.tiny_vlm import ImageInvoker, png_block, tiny_processor
 from tests.trainer.test_vision_rollout import _call, grid_tokens, pad_counts, roll
-from trainer_client.dataset import TaskRow
-from trainer_client.trajectory_records import trajectory_record
-from trainer_client.vision import VisionChatRenderer, decode_image
+from trainer_client.rollout.dataset import TaskRow
+from trainer_client.rollout.records import trajectory_record
+from trainer_client.templates.vision import VisionChatRenderer, decode_image
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
 require("torch", reason="torch is needed for the tiny VLM's processor")

@@ -25,10 +25,17 @@ import pytest
 from tests.support.require import require
 from tests.support.tiny_vlm import ZOOM, ImageInvoker, png_block, tiny_model, tiny_processor
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.dataset import TaskRow
-from trainer_client.rollout import TRUNCATION_MARKER, RolloutConfig, RolloutCore, StopReason, Task, Trajectory
-from trainer_client.trajectory_records import trajectory_record
-from trainer_client.vision import VisionChatRenderer, decode_image, training_inputs
+from trainer_client.rollout.core import (
+    TRUNCATION_MARKER,
+    RolloutConfig,
+    RolloutCore,
+    StopReason,
+    Task,
+    Trajectory,
+)
+from trainer_client.rollout.dataset import TaskRow
+from trainer_client.rollout.records import trajectory_record
+from trainer_client.templates.vision import VisionChatRenderer, decode_image, training_inputs
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
 torch = require("torch", reason="torch is needed for the tiny VLM")

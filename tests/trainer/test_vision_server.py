@@ -21,9 +21,9 @@ from tests.support.require import require
 from tests.support.server import running_server, server_config
 from tests.support.tiny_vlm import tiny_processor
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.client import ToolClient
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task
-from trainer_client.templates import openai_tool_schemas
+from trainer_client.client.tool_client import ToolClient
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task
+from trainer_client.templates.render import openai_tool_schemas
 
 require("PIL", reason="Pillow is needed for images (pip install -e '.[images]')")
 

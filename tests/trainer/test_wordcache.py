@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_client.models import load_tokenizer
-from trainer_client.templates import TokenCodec
-from trainer_client.wordcache import WordCacheEncoder
+from trainer_client.backends.models import load_tokenizer
+from trainer_client.templates.render import TokenCodec
+from trainer_client.templates.wordcache import WordCacheEncoder
 
 
 @pytest.fixture(scope="module")

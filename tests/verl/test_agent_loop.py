@@ -1,7 +1,7 @@
 """The veRL agent-loop plug-in, end to end on CPU with veRL's own code.
 
 veRL's ``AgentLoopWorker`` is built from veRL's real Hydra config (``ppo_trainer``) with
-the agent-loop YAML that ``verl_config`` writes; its server manager is the CPU HF
+the agent-loop YAML that ``trainer_client.verl.config`` writes; its server manager is the CPU HF
 backend running SmolLM2-135M (greedy). Two real tool servers: one with the calculator,
 one whose ``calculator`` answers off by one. Each prompt runs once through each (two
 agent-loop names, chosen per sample with veRL's ``agent_name`` column), so the only
@@ -107,8 +107,8 @@ def rollout(servers: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) 
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     from trainer_client.backends.hf import HFGenerator
-    from trainer_client.models import load_model, resolve_model_path
-    from trainer_client.verl_config import LoopSettings, write_agent_loop_yaml
+    from trainer_client.backends.models import load_model, resolve_model_path
+    from trainer_client.verl.config import LoopSettings, write_agent_loop_yaml
 
     torch.set_num_threads(1)  # the fastest setting on a shared 2-core machine
     good, wrong = servers
@@ -225,7 +225,7 @@ def test_entry_point_registers_the_loop(tmp_path: Path) -> None:
     (dist / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: toolfactory-entry-point-test\nVersion: 0.0.0\n"
     )
-    (dist / "entry_points.txt").write_text("[verl.plugins]\ntoolfactory = trainer_client.verl_agent_loop\n")
+    (dist / "entry_points.txt").write_text("[verl.plugins]\ntoolfactory = trainer_client.verl.agent_loop\n")
     script = textwrap.dedent(
         f"""
         import sys
@@ -234,7 +234,7 @@ def test_entry_point_registers_the_loop(tmp_path: Path) -> None:
         from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
         entry = _agent_loop_registry.get("toolfactory")
         print(entry)
-        assert entry == {{"_target_": "trainer_client.verl_agent_loop.ToolFactoryAgentLoop"}}, entry
+        assert entry == {{"_target_": "trainer_client.verl.agent_loop.ToolFactoryAgentLoop"}}, entry
         """
     )
     done = subprocess.run(

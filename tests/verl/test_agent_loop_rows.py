@@ -13,8 +13,8 @@ from tests.support.require import require
 require("verl")
 require("fastapi")  # veRL's agent loop imports it without declaring it
 
-from trainer_client.verl_agent_loop import ToolFactoryAgentLoop  # noqa: E402
-from trainer_client.verl_config import LoopSettings  # noqa: E402
+from trainer_client.verl.agent_loop import ToolFactoryAgentLoop  # noqa: E402
+from trainer_client.verl.config import LoopSettings  # noqa: E402
 
 LOOKUP = {
     "name": "lookup",

@@ -67,7 +67,7 @@ def test_launch_script_config_is_valid_for_verl(script: Path) -> None:
     from verl.utils.config import omega_conf_to_dataclass, validate_config
     from verl.workers.config import RolloutConfig
 
-    from trainer_client.verl_config import AGENT_NAME, load_agent_loop_yaml
+    from trainer_client.verl.config import AGENT_NAME, load_agent_loop_yaml
 
     overrides = dry_run(script)
     assert all("=" in o for o in overrides), overrides
@@ -91,7 +91,7 @@ def test_launch_script_config_is_valid_for_verl(script: Path) -> None:
 
 
 def test_agent_loop_yaml_reads_the_server_url_from_the_environment() -> None:
-    from trainer_client.verl_config import load_agent_loop_yaml
+    from trainer_client.verl.config import load_agent_loop_yaml
 
     os.environ["TOOLFACTORY_URL"] = "http://tools.internal:9000"
     try:
@@ -117,7 +117,7 @@ def test_recipe_server_config_loads_and_its_targets_import(recipe: str) -> None:
     for target in names:
         module, _, attr = target.partition(":")
         assert hasattr(importlib.import_module(module), attr), target
-    loops = __import__("trainer_client.verl_config", fromlist=["x"]).load_agent_loop_yaml(
+    loops = __import__("trainer_client.verl.config", fromlist=["x"]).load_agent_loop_yaml(
         EXAMPLES / recipe / "agent_loop.yaml"
     )
     settings = loops["toolfactory"]
@@ -140,7 +140,7 @@ def test_image_env_recipe_serves_the_pack_its_rows_name_and_fits_its_views(tmp_p
 
     from tool_server.config import load_config
     from tools.envs.image_env import VIEW_SIDE
-    from trainer_client.verl_config import load_agent_loop_yaml
+    from trainer_client.verl.config import load_agent_loop_yaml
 
     recipe = EXAMPLES / "image_env"
     (env,) = load_config(recipe / "server.yaml", environ={}).environments
@@ -183,8 +183,8 @@ def test_a_misspelt_override_is_caught() -> None:
 def test_verl_config_command_writes_a_loadable_yaml(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainer_client.cli import main
-    from trainer_client.verl_config import load_agent_loop_yaml
+    from trainer_client.cli.command import main
+    from trainer_client.verl.config import load_agent_loop_yaml
 
     out = tmp_path / "agent_loop.yaml"
     code = main(
@@ -222,7 +222,7 @@ def test_verl_config_command_writes_a_loadable_yaml(
 
 
 def test_bad_agent_loop_settings_are_rejected_with_the_reason() -> None:
-    from trainer_client.verl_config import LoopSettings
+    from trainer_client.verl.config import LoopSettings
 
     with pytest.raises(ValueError, match="server_urls"):
         LoopSettings.from_kwargs({"format": "hermes"})
@@ -248,7 +248,7 @@ def test_the_environment_recipe_serves_the_pack_its_loop_and_data_name(tmp_path:
     launch script trains on."""
     from tool_server.config import load_config
     from tool_server.environments import TOOL_USE, load_environment
-    from trainer_client.verl_config import load_agent_loop_yaml
+    from trainer_client.verl.config import load_agent_loop_yaml
 
     recipe = EXAMPLES / "tau2_retail"
     config = load_config(recipe / "server.yaml", environ={})

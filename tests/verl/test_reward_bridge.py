@@ -12,8 +12,8 @@ import pytest
 
 from tests.support.require import require
 from tests.support.server import running_server, server_config
-from trainer_client import reward_bridge
-from trainer_client.reward_bridge import compute_score
+from trainer_client.verl import reward_bridge as reward_bridge
+from trainer_client.verl.reward_bridge import compute_score
 
 VERIFIERS = [{"target": "tools.verifiers.match:exact_match"}, {"target": "tools.verifiers.math:math_equal"}]
 

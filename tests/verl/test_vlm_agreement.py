@@ -35,15 +35,15 @@ torch = require("torch")
 from tests.support.tiny_vlm import ZOOM, ImageInvoker, png_block, tiny_model, tiny_processor  # noqa: E402
 from tests.trainer.test_verl_agreement import verl_replay as text_replay  # noqa: E402
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # noqa: E402
-from trainer_client.rollout import RolloutConfig, RolloutCore, StopReason, Task, Trajectory  # noqa: E402
-from trainer_client.verl_agent_loop import ToolFactoryAgentLoop  # noqa: E402
-from trainer_client.verl_config import LoopSettings  # noqa: E402
-from trainer_client.vision import decode_image, image_blocks, training_inputs  # noqa: E402
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason, Task, Trajectory  # noqa: E402
+from trainer_client.templates.vision import decode_image, image_blocks, training_inputs  # noqa: E402
+from trainer_client.verl.agent_loop import ToolFactoryAgentLoop  # noqa: E402
+from trainer_client.verl.config import LoopSettings  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def processor() -> Any:
-    from trainer_client.models import load_tokenizer
+    from trainer_client.backends.models import load_tokenizer
 
     return tiny_processor(load_tokenizer("smollm2"))
 

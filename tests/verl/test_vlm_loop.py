@@ -28,8 +28,8 @@ torch = require("torch")
 from tests.support.server import running_server, server_config  # noqa: E402
 from tests.support.tiny_vlm import MERGE, tiny_processor  # noqa: E402
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # noqa: E402
-from trainer_client.verl_agent_loop import ToolFactoryAgentLoop  # noqa: E402
-from trainer_client.verl_config import LoopSettings  # noqa: E402
+from trainer_client.verl.agent_loop import ToolFactoryAgentLoop  # noqa: E402
+from trainer_client.verl.config import LoopSettings  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 ARGS = {"seed": 9, "tasks": 3}
@@ -42,7 +42,7 @@ def test_the_loop_returns_views_as_multi_modal_data() -> None:
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
     from tools.envs.image_env import pack
-    from trainer_client.models import load_tokenizer
+    from trainer_client.backends.models import load_tokenizer
 
     built = pack(**ARGS)
     task = next(t for t in built.tasks if t.metadata["level"] == 2)  # two zooms

@@ -56,7 +56,7 @@ def scripted_rollout(out_dir: Path) -> Path:
             [
                 sys.executable,
                 "-m",
-                "trainer_client.cli",
+                "trainer_client.cli.command",
                 "rollout",
                 "--server",
                 server.url,

@@ -9,7 +9,7 @@ from tests.support.server import running_server, server_config
 
 
 def test_the_demos_trajectories_are_coloured_by_their_response_mask(quick_demo: QuickDemo, open_page) -> None:
-    from trainer_client.models import resolve_model_path
+    from trainer_client.backends.models import resolve_model_path
 
     assert quick_demo.done.returncode == 0, quick_demo.done.stdout + quick_demo.done.stderr
     runs = quick_demo.out_dir

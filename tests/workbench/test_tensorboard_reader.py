@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tool_server.workbench_tb import ScalarReader, _tensor_scalar, thin
+from tool_server.workbench.tensorboard import ScalarReader, _tensor_scalar, thin
 
 tb_summary = pytest.importorskip("tensorboard.summary", reason="tensorboard (trainer extra)")
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.server import running_server, server_config
 from tests.workbench.conftest import screenshot
-from trainer_client.summary import RunLog
+from trainer_client.rollout.summary import RunLog
 
 
 def write_run(directory: Path, steps: int, slope: float) -> None:

@@ -35,7 +35,7 @@ def records(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def server(runs_dir: Path) -> Iterator[ServerProcess]:
-    from trainer_client.models import resolve_model_path
+    from trainer_client.backends.models import resolve_model_path
 
     workbench = {"runs_dir": str(runs_dir), "tokenizer": str(resolve_model_path("smollm2"))}
     with running_server(server_config(workbench=workbench)) as proc:

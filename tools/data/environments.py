@@ -11,7 +11,7 @@ Users: a task with a ``user_scenario`` (τ²) is played ``solo`` by default, its
 handing the agent the scenario as a ticket. Built for a ``simulated`` user, its prompt is
 ``metadata["user_sim_prompt"]`` (τ²: the customer's short opening; else the task's own
 prompt) and ``extra_info["user_sim"]`` carries the scenario for the rollout's simulator
-(``trainer_client.user_sim``): the scenario, never the gold.
+(``trainer_client.rollout.user_sim``): the scenario, never the gold.
 
 Tools added mid-conversation (BFCL miss_func, ``metadata["tools_added"]``: later turn ->
 tool names): ``extra_info["tools"]`` lists only the tools available from the start and

@@ -260,7 +260,7 @@ class EnvHost:
         if weights is not None and not isinstance(weights, Mapping):
             raise ToolError("weights must map reward components to numbers", ErrorKind.INVALID_ARGUMENTS)
         world = self._world_to_score(ctx.session, pack, task)
-        from tools.verifiers.tool_use import score  # the reward (loaded on first use)
+        from tools.verifiers.tool_use.reward import score  # the reward (loaded on first use)
 
         try:
             return score(

@@ -11,7 +11,7 @@ path copies the key/value cache for grouped-query attention at every decode step
   that lays a KV head's query heads out as query positions instead of repeating the KV
   head for each of them.
 * The cache helpers (``common_prefix_length``, ``prompt_prefix``, ``cache_layers``, ``expanded_cache``) are
-  shared with the trainer's log-prob computation (``trainer_client.logprobs``).
+  shared with the trainer's log-prob computation (``trainer_client.training.logprobs``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,12 @@
+"""What the server speaks: the batched HTTP API, the MCP endpoint, its OpenAPI description,
+the Search-R1 ``/retrieve`` route, and the auth, size and connection limits in front of them.
+
+* ``routes``: ``/v1/calls``, ``/v1/verify``, ``/v1/tools``, sessions, health (``HttpApi``);
+* ``mcp``: the official MCP SDK's low-level server over the registry and executor;
+* ``openapi``: the OpenAPI 3.1 document of the HTTP API;
+* ``retrieve``: Search-R1's ``POST /retrieve``, served by a configured search tool;
+* ``auth``: bearer tokens (a token is a tenant) and request-size limits, as ASGI middleware;
+* ``connections``: header and body read timeouts and a cap on open connections for uvicorn.
+
+``tool_server.app`` composes them; nothing here is imported by the executor or the tools.
+"""

@@ -1,0 +1,350 @@
+"""The MCP endpoint: the official SDK's low-level server over our registry and executor.
+
+``/mcp`` serves the default toolset and ``/mcp/{toolset}`` any named one. The SDK
+answers both the stateless 2026-07-28 protocol and the older handshake versions;
+we run it stateless with JSON responses (no server-side MCP sessions needed: our
+trajectory session id travels in ``_meta["toolfactory/session"]``).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types as types
+import orjson
+from mcp.server.lowlevel import Server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import TypeAdapter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from protocol import (
+    CALL_ID_META_KEY,
+    ENV_META_KEY,
+    INSTANCE_META_KEY,
+    META_KEY,
+    SESSION_META_KEY,
+    Call,
+    ErrorKind,
+    Result,
+    ToolError,
+)
+from protocol.messages import MAX_ID_LENGTH
+from tool_server.api.auth import is_loopback
+from tool_server.api.routes import caller_of
+from tool_server.config import Config
+from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
+
+MCP_REQUESTS_PER_COLLECT = 256
+# More results stored since the last collection than this: skip it (see _CollectingEvery).
+MAX_RESULTS_BETWEEN_COLLECTS = 20_000
+
+
+def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:
+    """Host/Origin checks against DNS rebinding: strict on loopback, configured otherwise.
+
+    On a non-loopback bind the reachable host names are unknown to us; bearer auth
+    (required there) is what protects the server, and ``mcp.allowed_hosts`` turns
+    the Host check on for those names.
+    """
+    hosts = list(config.mcp.allowed_hosts)
+    origins = list(config.mcp.allowed_origins)
+    if is_loopback(bind_host):
+        hosts += ["127.0.0.1:*", "localhost:*", "[::1]:*", "127.0.0.1", "localhost"]
+        origins += ["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"]
+        return TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+        )
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=bool(hosts), allowed_hosts=hosts, allowed_origins=origins
+    )
+
+
+def _to_call_tool_result(result: Result, instance: str | None = None) -> types.CallToolResult:
+    structured = result.structured
+    if structured is not None and not isinstance(structured, dict):
+        structured = {"result": structured}
+    meta: dict[str, Any] = {
+        "call_id": result.call_id,
+        "elapsed_ms": result.elapsed_ms,
+        "cached": result.cached,
+    }
+    if result.error is not None:
+        meta["error_kind"] = result.error.kind.value
+    if instance is not None:
+        meta["instance"] = instance
+    return types.CallToolResult(
+        content=[_content_block(block) for block in result.content]
+        or [types.TextContent(type="text", text="")],
+        structured_content=structured,
+        is_error=result.is_error,
+        meta={META_KEY: meta},
+    )
+
+
+_CONTENT_BLOCK = TypeAdapter(types.ContentBlock)
+
+
+def _content_block(block: dict[str, Any]) -> Any:
+    """A result's content block as an SDK object: text built directly (the common case)."""
+    if block.get("type") == "text" and len(block) == 2:
+        return types.TextContent(type="text", text=block["text"])
+    return _CONTENT_BLOCK.validate_python(block)
+
+
+class _CollectingEvery:
+    """An ASGI app plus a young-generation collection every ``requests`` requests.
+
+    Each stateless MCP request leaves ~16 objects in reference cycles inside the SDK
+    (its per-request runner and connection point at each other). The server's high GC
+    threshold (``server.gc_threshold``: right for the batched path, which leaves none)
+    let them pile up, and the collection that finally came walked everything allocated
+    since: one long pause for every caller. Collecting every 256 MCP requests keeps each
+    collection small (figures in bench/README.md).
+
+    A collection also walks every object born since the last one. When the batched path
+    has stored many results meanwhile (``long_lived()`` counts them) it is skipped: those
+    results would be walked for nothing, and in pure batched traffic they are never
+    walked at all. Then the automatic threshold collects, as without this class.
+    A plain class, not a method: Starlette routes call an object like this as ASGI.
+    """
+
+    def __init__(
+        self, app: ASGIApp, requests: int, long_lived: Callable[[], int], max_long_lived: int
+    ) -> None:
+        self.app = app
+        self.requests = requests
+        self.long_lived = long_lived
+        self.max_long_lived = max_long_lived
+        self.since_collect = 0
+        self.long_lived_mark = long_lived()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.since_collect += 1
+            if self.since_collect >= self.requests:
+                self.since_collect = 0
+                now = self.long_lived()
+                if now - self.long_lived_mark <= self.max_long_lived:
+                    gc.collect(0)
+                self.long_lived_mark = now
+
+
+class _KnownToolsetOnly:
+    """``/mcp/{toolset}`` for a toolset that does not exist: 404 naming the known ones.
+
+    The same answer as ``GET /v1/tools?toolset=...``, so a typo (``/mcp/verifier``) is
+    not an endpoint with no tools.
+    """
+
+    def __init__(self, app: ASGIApp, registry: Any) -> None:
+        self.app = app
+        self.registry = registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        toolset = scope.get("path_params", {}).get("toolset")
+        if toolset is None or toolset in self.registry.toolsets:
+            await self.app(scope, receive, send)
+            return
+        known = ", ".join(sorted(self.registry.toolsets)) or "none"
+        message = f"no toolset named {toolset!r}; known toolsets: {known} (or /mcp for the default one)"
+        await send_json_rpc_error(send, 404, -32601, message)
+
+
+async def send_json_rpc_error(send: Send, status: int, code: int, message: str) -> None:
+    """An HTTP error whose body MCP clients can show: a JSON-RPC error with no id."""
+    payload = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class _JsonRpcIdCheck:
+    """Refuse a JSON-RPC request whose ``id`` is neither a string nor an integer.
+
+    On the older protocol versions the SDK takes such a message for a notification and
+    answers 202 with no reply, so the client waits for an answer that never comes. The
+    body is read here (MCP bodies are small; the body limit applies) and handed on.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        while True:
+            message = await receive()
+            messages.append(message)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        if _has_bad_id(body):
+            await send_json_rpc_error(send, 400, -32600, "Invalid Request: id must be a string or an integer")
+            return
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)
+
+
+def _has_bad_id(body: bytes) -> bool:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False  # the SDK answers a parse error itself
+    for item in data if isinstance(data, list) else [data]:
+        if isinstance(item, dict) and "method" in item and "id" in item:
+            request_id = item["id"]
+            if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+                return True
+    return False
+
+
+class McpEndpoint:
+    def __init__(self, executor: Executor, config: Config, bind_host: str) -> None:
+        self.executor = executor
+        self.registry = executor.registry
+        self.default_toolset = config.default_toolset
+        self._tool_cache: dict[tuple[str | None, int], list[types.Tool]] = {}
+        self._visible_cache: dict[tuple[str | None, int], set[str]] = {}
+        self._id_prefix = os.urandom(6).hex()
+        self._id_counter = itertools.count()
+        self.server = Server(
+            config.mcp.server_name,
+            version="0.1.0",
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            # Without this hook the SDK checks Mcp-Param headers by running tools/list
+            # (every descriptor serialised) on each tools/call: a third of its cost.
+            get_tool_input_schema=self._input_schema,
+        )
+        self.session_manager = StreamableHTTPSessionManager(
+            app=self.server,
+            json_response=True,
+            stateless=True,
+            security_settings=transport_security(config, bind_host),
+            max_request_body_size=config.limits.max_request_bytes,
+        )
+        self.asgi = _CollectingEvery(
+            _KnownToolsetOnly(_JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)), self.registry),
+            MCP_REQUESTS_PER_COLLECT,
+            long_lived=lambda: executor.results_stored,
+            max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
+        )
+
+    def _new_call_id(self) -> str:
+        # Only the client can retry with the same id, so a call without one needs an id
+        # that is unique, not unguessable: a counter (uuid4 costs a urandom syscall).
+        return f"mcp-{self._id_prefix}-{next(self._id_counter)}"
+
+    def _input_schema(self, name: str) -> dict[str, Any] | None:
+        entry = self.registry.entries.get(name)
+        return entry.input_schema if entry is not None else None
+
+    def _scope(self, ctx: Any) -> tuple[str | None, Caller]:
+        """The toolset named in the URL, and who calls (tenant, tools the token allows)."""
+        request = getattr(ctx, "request", None)
+        toolset = self.default_toolset
+        caller = ANONYMOUS
+        if request is not None:
+            toolset = request.path_params.get("toolset", toolset)
+            caller = caller_of(request.scope, self.registry)
+        if toolset is not None and toolset not in self.registry.toolsets:
+            toolset = None if toolset == self.default_toolset else toolset
+        return toolset, caller
+
+    def _visible(self, toolset: str | None, allowed: frozenset[str] | None) -> list[str]:
+        names = (
+            self.registry.names_in(toolset) if toolset in self.registry.toolsets or toolset is None else []
+        )
+        return [n for n in names if allowed is None or n in allowed]
+
+    async def _list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        toolset, caller = self._scope(ctx)
+        allowed = caller.allowed
+        key = (toolset, self.registry.version)
+        tools = self._tool_cache.get(key) if allowed is None else None
+        if tools is None:
+            tools = [
+                types.Tool.model_validate(self.registry.entries[n].descriptor())
+                for n in self._visible(toolset, allowed)
+            ]
+            if allowed is None:
+                self._tool_cache[key] = tools
+        return types.ListToolsResult(tools=tools)
+
+    def _visible_set(self, toolset: str | None, allowed: frozenset[str] | None) -> set[str]:
+        if allowed is not None:
+            return set(self._visible(toolset, allowed))
+        key = (toolset, self.registry.version)
+        names = self._visible_cache.get(key)
+        if names is None:
+            names = self._visible_cache[key] = set(self._visible(toolset, None))
+        return names
+
+    async def _call_tool(self, ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        toolset, caller = self._scope(ctx)
+        visible = self._visible_set(toolset, caller.allowed)
+        meta = params.meta or {}
+        call_id = meta.get(CALL_ID_META_KEY)
+        session = meta.get(SESSION_META_KEY)
+        expected = meta.get(INSTANCE_META_KEY)
+        for key, value in (
+            (CALL_ID_META_KEY, call_id),
+            (SESSION_META_KEY, session),
+            (INSTANCE_META_KEY, expected),
+        ):
+            if value is not None and not _is_id(value):
+                message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+                return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
+        call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
+        if params.name not in visible:  # hint only at what this endpoint serves
+            result = Result.failure(
+                call.call_id, ErrorKind.UNKNOWN_TOOL, unknown_tool_message(params.name, visible)
+            )
+        elif session is not None and (lost := self.executor.sessions.fence(expected, session)):
+            result = Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, lost)
+        elif ENV_META_KEY in meta and (refused := self._bind(caller, session, meta[ENV_META_KEY])):
+            result = Result.failure(call.call_id, *refused)
+        else:
+            result = await self.executor.run_one(call, caller)
+        return _to_call_tool_result(result, self.executor.sessions.instance if session else None)
+
+    def _bind(self, caller: Caller, session: str | None, environment: Any) -> tuple[ErrorKind, str] | None:
+        """Bind the call's session to ``_meta[ENV_META_KEY]`` (an environment task); why not, if refused.
+
+        MCP has no session endpoint, so a client binds on a call (the first one, or every
+        one: binding again to the same task changes nothing).
+        """
+        from tool_server.environments import check_environment
+
+        if session is None:
+            message = (
+                f"_meta[{ENV_META_KEY!r}] binds the call's session: send _meta[{SESSION_META_KEY!r}] too"
+            )
+            return ErrorKind.BAD_REQUEST, message
+        try:
+            pack, task = check_environment(self.registry.environments, environment)
+            state = self.executor.sessions.open(caller.tenant, session)
+            self.registry.environments.bind(state, pack, task)
+        except LookupError as exc:
+            return ErrorKind.BAD_REQUEST, str(exc.args[0])
+        except ToolError as exc:
+            return exc.kind, exc.message
+        return None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH

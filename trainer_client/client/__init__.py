@@ -1,0 +1,16 @@
+"""Clients of the tool server: the batched HTTP client the rollouts use, a blocking wrapper,
+and a plain MCP client for servers without a batch API.
+
+* ``tool_client``: ``ToolClient``, coalescing, retries, replicas, the delivery rules;
+* ``policies``: its tunables (``BatchPolicy``, ``RetryPolicy``, ``HealthPolicy``);
+* ``batching``, ``dispatch``, ``splits``: calls into POSTs, POSTs sent and settled, split
+  POSTs for a batch one slow call holds back;
+* ``routing``, ``health``, ``discovery``: which replica, which are up, replicas from DNS;
+* ``idempotency``: which tools may run twice; ``records``: what the client keeps;
+* ``sync``: ``SyncToolClient``; ``mcp``: ``McpToolClient``.
+"""
+
+from trainer_client.client.policies import BatchPolicy, HealthPolicy, RetryPolicy
+from trainer_client.client.tool_client import ToolClient, ToolServerError
+
+__all__ = ["BatchPolicy", "HealthPolicy", "RetryPolicy", "ToolClient", "ToolServerError"]

@@ -1,0 +1,10 @@
+"""The single-process GRPO trainer (CPU or one GPU), with veRL's own losses.
+
+* ``grpo``: ``GRPOTrainer``, rollouts against the tool server, advantages, the update;
+* ``config``: ``GRPOConfig``, every knob (the ``train`` flags come from it);
+* ``logprobs``: per-token log-probs of responses, with gradients;
+* ``checkpoints``: the model in HF format plus the trainer's state, written atomically.
+
+Nothing is imported here: ``grpo`` and ``logprobs`` need torch. ``trainer_client`` exports
+``GRPOTrainer`` and ``GRPOConfig`` on first use.
+"""

@@ -1,0 +1,202 @@
+"""``GRPOConfig``: every knob of a local GRPO run, each with its doc (the ``train`` flags come from these).
+
+Kept apart from ``grpo.py`` so that the command line can be built without importing torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from trainer_client.rollout.types import RolloutConfig
+from trainer_client.templates.render import TOOL_SCHEMA_MODES
+
+__all__ = ["GRPOConfig"]
+
+
+@dataclass
+class GRPOConfig:
+    """Every knob of a run; ``trainer-client train --help`` shows each with the text under it."""
+
+    train_data: str
+    """training split, veRL-format parquet (python -m tools.data build)"""
+    server: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    """tool server URL; repeat the flag for replicas"""
+    eval_data: str | None = None
+    """held-out split, veRL-format parquet"""
+    out_dir: str = "runs/grpo"
+    """run folder: metrics, tensorboard, plot, checkpoints"""
+    model: str = "smollm2"
+    """'smollm2' (the packaged SmolLM2-135M-Instruct) or a local HF model directory"""
+    device: str = "cpu"
+    """torch device: cpu, cuda, cuda:1, ..."""
+    dtype: str = "float32"
+    """float32 or bfloat16"""
+    threads: int | None = None
+    """torch CPU threads (1 is fastest on a busy 2-core machine)"""
+    seed: int = 0
+    """data order and sampling seed"""
+
+    steps: int = 20
+    """optimizer steps in total"""
+    prompts_per_step: int = 8
+    """prompts per step"""
+    group_size: int = 8
+    """rollouts per prompt: the GRPO group"""
+    micro_batch_size: int = 8
+    """most rows in one forward/backward; gradients accumulate over micro-batches"""
+    micro_batch_tokens: int = 1024
+    """most padded tokens (beyond the prefix all rows share) in one forward/backward: the memory bound"""
+    lr: float = 1e-5
+    """AdamW learning rate"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas"""
+    warmup_steps: int = 0
+    """linear learning-rate warm-up steps"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+
+    clip_ratio: float = 0.2
+    """PPO clip ratio"""
+    loss_agg_mode: str = "token-mean"
+    """veRL agg_loss mode"""
+    norm_adv_by_std: bool = True
+    """divide advantages by the group's std (--no-norm-adv-by-std: Dr.GRPO)"""
+    kl_coef: float = 0.0
+    """KL-to-reference loss coefficient; 0 loads no reference model"""
+    kl_type: str = "low_var_kl"
+    """veRL kl_penalty type"""
+    entropy_coeff: float = 0.0
+    """entropy bonus coefficient"""
+
+    format: str = "hermes"
+    """tool-call format: hermes, search_r1, llama3_json, pythonic"""
+    toolset: str | None = None
+    """server toolset the model may use"""
+    tool_schemas: str = "auto"
+    """tool schemas through the chat template: auto (where the template renders them and the
+    prompt does not name the tools), server (always), none"""
+    max_turns: int = 4
+    """assistant turns per trajectory"""
+    max_calls_per_turn: int = 4
+    """tool calls run per turn"""
+    max_obs_tokens: int = 128
+    """tokens one observation turn may add"""
+    response_length: int = 384
+    """response tokens per trajectory, model and tools together"""
+    max_tokens_per_turn: int = 128
+    """tokens one generation turn may produce"""
+    user_tool: str = "llm"
+    """server tool playing the simulated user of rows with a user scenario (extra_info.user_sim)"""
+    max_user_turns: int = 10
+    """messages the simulated user may send per trajectory"""
+    temperature: float = 1.0
+    """sampling temperature of training rollouts"""
+    top_p: float = 1.0
+    """nucleus sampling of training rollouts"""
+    verifier: str = "math_equal"
+    """server verifier giving the reward"""
+    verifier_arguments: dict[str, Any] = field(default_factory=dict)
+    """verifier arguments as JSON"""
+    max_concurrency: int = 64
+    """trajectories in flight at once"""
+    generation_batch_size: int = 32
+    """rows decoded together"""
+
+    eval_every: int = 5
+    """evaluate every N steps; 0: only at the start and the end"""
+    eval_size: int = 64
+    """held-out rows evaluated"""
+    eval_temperature: float = 0.0
+    """held-out sampling temperature (0: greedy)"""
+    eval_samples: int = 1
+    """rollouts per held-out problem (useful when eval_temperature > 0)"""
+    greedy_eval: bool = False
+    """also evaluate greedily at the start and the end (split 'eval_greedy')"""
+    eval_verifier: str | None = None
+    """verifier for held-out success (unset: --verifier)"""
+    eval_verifier_arguments: dict[str, Any] | None = None
+    """its arguments as JSON"""
+    success_threshold: float = 1.0
+    """held-out score counted as a success"""
+    eval_at_start: bool = True
+    """evaluate before step 1 (the baseline)"""
+    save_every: int = 10
+    """checkpoint every N steps; 0 disables"""
+    keep_checkpoints: int = 2
+    """checkpoints kept"""
+    resume: bool = True
+    """resume from the out dir's latest checkpoint"""
+    tensorboard: bool = True
+    """TensorBoard events next to metrics.jsonl"""
+    plot: bool = True
+    """write reward_curve.png at the end"""
+    max_train_rows: int | None = None
+    """use only the first N training rows"""
+    max_minutes: float | None = None
+    """stop training once the run is this old (then evaluate)"""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.server, str):
+            self.server = [self.server]
+        self.betas = (float(self.betas[0]), float(self.betas[1]))
+        for name in (
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "micro_batch_size",
+            "max_turns",
+            "response_length",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"GRPOConfig.{name} must be a positive integer, got {value!r}")
+        if self.group_size < 2:
+            raise ValueError(
+                "GRPOConfig.group_size must be at least 2: GRPO normalizes rewards within a group"
+            )
+        if self.lr <= 0:
+            raise ValueError(f"GRPOConfig.lr must be positive, got {self.lr}")
+        if self.kl_coef < 0 or self.entropy_coeff < 0:
+            raise ValueError("kl_coef and entropy_coeff must not be negative")
+        if self.eval_every < 0 or self.save_every < 0:
+            raise ValueError("eval_every and save_every must be >= 0 (0 disables)")
+        if self.tool_schemas not in TOOL_SCHEMA_MODES:
+            raise ValueError(
+                f"GRPOConfig.tool_schemas must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {self.tool_schemas!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
+        """Build from a mapping (a YAML file); unknown keys are an error that names them."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown GRPO config keys {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def rollout_config(self, *, eval_mode: bool = False, temperature: float | None = None) -> RolloutConfig:
+        if temperature is None:
+            temperature = self.eval_temperature if eval_mode else self.temperature
+        verifier, arguments = self.verifier, self.verifier_arguments
+        if eval_mode and self.eval_verifier is not None:
+            verifier, arguments = self.eval_verifier, self.eval_verifier_arguments or {}
+        return RolloutConfig(
+            format=self.format,
+            max_turns=self.max_turns,
+            max_calls_per_turn=self.max_calls_per_turn,
+            max_obs_tokens=self.max_obs_tokens,
+            response_length=self.response_length,
+            sampling_params={
+                "temperature": temperature,
+                "top_p": 1.0 if eval_mode else self.top_p,
+                "max_tokens": self.max_tokens_per_turn,
+            },
+            toolset=self.toolset,
+            verifier=verifier,
+            verifier_arguments=dict(arguments),
+            user_tool=self.user_tool,
+            max_user_turns=self.max_user_turns,
+        )

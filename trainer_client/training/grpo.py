@@ -1,0 +1,627 @@
+"""A single-process GRPO trainer: rollouts against the tool server, veRL's losses, one device.
+
+Why it exists: veRL needs Ray, GPUs and vLLM/SGLang; this trainer runs the same algorithm
+on a laptop CPU (or one GPU) with an HF model, so that a tool environment can be tried,
+debugged and shown to learn before a cluster run. The algorithm pieces are veRL's own
+(``verl.trainer.ppo.core_algos``): the group-normalized outcome advantage, the clipped
+policy loss, ``kl_penalty`` and ``agg_loss`` with veRL's global token normalization.
+
+Read it top to bottom: the config, the batch, the advantages, the loss, then the trainer,
+whose ``train()`` is the loop. One step:
+
+1. **Rollout**: ``prompts_per_step`` prompts, each ``group_size`` times, through the
+   rollout core (generate -> parse -> call tools over HTTP -> splice observations with
+   loss mask 0) on the policy itself, rewarded by the server's ``/v1/verify``.
+2. **Advantage**: veRL's GRPO outcome advantage, broadcast over ``response_mask``, so
+   observation (tool) tokens get advantage 0.
+3. **Update**: micro-batches with gradient accumulation; rows of groups whose rewards
+   are all equal carry no signal and (without KL or entropy terms) are skipped. One
+   AdamW step per rollout batch (on-policy: the old log-probs are the current ones
+   detached, so the PPO ratio is 1 at the step).
+4. **Log, evaluate, save**: metrics as JSONL and TensorBoard, a held-out evaluation every
+   ``eval_every`` steps, a checkpoint every ``save_every`` steps (a rerun resumes).
+
+Speed lives elsewhere: the prompt prefix all rows share (system text, worked examples)
+is computed once per step by the generator (``backends.hf_prefix``) and by the log-prob
+computation (``logprobs``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer_client.backends.hf_prefix import (
+    SharedPrefixGenerator,
+    common_prefix_length,
+    prompt_prefix,
+    use_gqa_decode_attention,
+)
+from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task, Trajectory
+from trainer_client.rollout.dataset import TaskRow, load_tasks
+from trainer_client.rollout.summary import (
+    METRICS_FILE,
+    PLOT_FILE,
+    RunLog,
+    plot_reward_curve,
+    summarize_run,
+    trajectory_stats,
+)
+from trainer_client.templates.render import openai_tool_schemas, prompt_tools
+from trainer_client.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer_client.training.config import GRPOConfig
+from trainer_client.training.logprobs import response_logprobs, shared_prefix
+
+__all__ = ["GRPOConfig", "GRPOTrainer", "RolloutBatch", "grpo_advantages", "policy_loss_terms"]
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- configuration
+# GRPOConfig (trainer_client/training/config.py) holds every knob with its doc; it lives in its own
+# module so that building the command line does not import torch.
+
+
+def task_from_row(row: dict[str, Any]) -> Task:
+    """One veRL-format dataset row -> a rollout ``Task`` (see ``dataset.TaskRow.task``)."""
+    return TaskRow.from_row(row).task()
+
+
+# --------------------------------------------------------------------------- the batch
+
+
+@dataclass
+class RolloutBatch:
+    """A step's trajectories as padded tensors (veRL layout: responses right-padded).
+
+    ``has_signal`` marks the rows of groups whose rewards differ: only those carry a
+    policy gradient (a group of equal rewards has advantage 0, up to rounding noise).
+    """
+
+    trajectories: list[Trajectory]
+    group_index: np.ndarray
+    response_mask: torch.Tensor  # (rows, R): 1 = model token
+    rewards: torch.Tensor  # (rows,)
+    token_level_rewards: torch.Tensor  # (rows, R): reward at each row's last response token
+    has_signal: list[bool]
+
+    @classmethod
+    def build(cls, trajectories: list[Trajectory], group_index: Sequence[int]) -> RolloutBatch:
+        width = max(max((len(t.response_ids) for t in trajectories), default=0), 1)
+        rows = len(trajectories)
+        mask = torch.zeros((rows, width), dtype=torch.float32)
+        rewards = torch.tensor([float(t.reward_score or 0.0) for t in trajectories], dtype=torch.float32)
+        token_rewards = torch.zeros((rows, width), dtype=torch.float32)
+        for i, t in enumerate(trajectories):
+            n = len(t.response_ids)
+            if n:
+                mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.float32)
+                token_rewards[i, n - 1] = rewards[i]
+        rewards_of: dict[int, set[float]] = defaultdict(set)
+        for g, r in zip(group_index, rewards.tolist(), strict=True):
+            rewards_of[int(g)].add(r)
+        has_signal = [len(rewards_of[int(g)]) > 1 for g in group_index]
+        return cls(trajectories, np.asarray(group_index), mask, rewards, token_rewards, has_signal)
+
+    def groups_with_signal(self) -> int:
+        return len({int(g) for g, signal in zip(self.group_index, self.has_signal, strict=True) if signal})
+
+
+def micro_batches(
+    trajectories: Sequence[Trajectory], indices: Sequence[int], max_rows: int, max_tokens: int
+) -> list[list[int]]:
+    """Split rows into micro-batches of similar length, each within both budgets.
+
+    Rows are sorted by length, so little of a micro-batch is padding, and packed while
+    ``rows x padded length`` (prompt beyond the prefix all rows share, plus response)
+    stays within ``max_tokens``: activation memory grows with that product (one
+    over-long row gets a micro-batch to itself).
+    """
+    if not indices:
+        return []
+    shared = common_prefix_length([t.prompt_ids for t in trajectories])
+    lengths = {
+        i: len(t.prompt_ids) - shared + len(t.response_ids)
+        for i, t in zip(indices, trajectories, strict=True)
+    }
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in sorted(indices, key=lambda i: lengths[i], reverse=True):
+        width = max([lengths[j] for j in current] + [lengths[i]])
+        if current and (len(current) + 1 > max_rows or (len(current) + 1) * width > max_tokens):
+            batches.append(current)
+            current = []
+        current.append(i)
+    batches.append(current)
+    return batches
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def grpo_advantages(batch: RolloutBatch, norm_adv_by_std: bool = True) -> torch.Tensor:
+    """veRL's GRPO outcome advantage: (reward - group mean) / group std, on model tokens only."""
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    advantages, _returns = compute_grpo_outcome_advantage(
+        token_level_rewards=batch.token_level_rewards,
+        response_mask=batch.response_mask,
+        index=batch.group_index,
+        norm_adv_by_std_in_grpo=norm_adv_by_std,
+    )
+    return advantages
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+def actor_loss_config(config: GRPOConfig, *, batch_num_tokens: int, global_batch_size: int) -> Any:
+    """veRL's ``ActorConfig`` for the policy-loss functions, with the whole step's token count.
+
+    ``global_batch_info`` makes ``agg_loss`` divide each micro-batch by the step's total
+    tokens (not its own), so the accumulated gradient equals the full-batch one.
+    """
+    from verl.workers.config import ActorConfig
+
+    actor = ActorConfig(
+        strategy="fsdp",
+        rollout_n=config.group_size,
+        ppo_mini_batch_size=config.prompts_per_step,
+        ppo_micro_batch_size_per_gpu=config.micro_batch_size,
+        clip_ratio=config.clip_ratio,
+        clip_ratio_low=config.clip_ratio,
+        clip_ratio_high=config.clip_ratio,
+        loss_agg_mode=config.loss_agg_mode,
+        entropy_coeff=config.entropy_coeff,
+        use_kl_loss=config.kl_coef > 0,
+        kl_loss_coef=config.kl_coef,
+        kl_loss_type=config.kl_type,
+        use_torch_compile=False,
+    )
+    actor.global_batch_info.update(
+        dp_size=1, batch_num_tokens=batch_num_tokens, global_batch_size=global_batch_size
+    )
+    return actor
+
+
+def policy_loss_terms(
+    *,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    actor_config: Any,
+    ref_log_prob: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The actor loss of one micro-batch, exactly as veRL's actor composes it.
+
+    policy loss (``vanilla`` clipped objective) + ``kl_loss_coef`` * KL(policy, ref) via
+    ``kl_penalty`` - ``entropy_coeff`` * entropy, each aggregated by ``agg_loss`` with
+    ``response_mask``: tokens with mask 0 (observations, padding) contribute nothing.
+    """
+    from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+
+    info = actor_config.global_batch_info
+    mode = actor_config.loss_agg_mode
+    policy_loss_fn = get_policy_loss_fn(actor_config.policy_loss.loss_mode)
+    pg_loss, pg_metrics = policy_loss_fn(
+        old_log_prob=old_log_prob,
+        log_prob=log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        loss_agg_mode=mode,
+        config=actor_config,
+    )
+    loss = pg_loss
+    metrics = {
+        "pg_loss": float(pg_loss.detach()),
+        **{k.split("/")[-1]: float(v) for k, v in pg_metrics.items()},
+    }
+    if ref_log_prob is not None and actor_config.use_kl_loss:
+        kld = kl_penalty(log_prob, ref_log_prob, actor_config.kl_loss_type)
+        kl_loss = agg_loss(loss_mat=kld, loss_mask=response_mask, loss_agg_mode=mode, **info)
+        loss = loss + actor_config.kl_loss_coef * kl_loss
+        metrics["kl_loss"] = float(kl_loss.detach())
+    if entropy is not None and actor_config.entropy_coeff > 0:
+        entropy_loss = agg_loss(loss_mat=entropy, loss_mask=response_mask, loss_agg_mode=mode, **info)
+        loss = loss - actor_config.entropy_coeff * entropy_loss
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def _kind(task: Task | None) -> str:
+    """A held-out task's group in the per-kind success: its ``kind`` (built-in tasks) or
+    its environment ``level``."""
+    metadata = task.metadata if task else {}
+    if metadata.get("kind"):
+        return str(metadata["kind"])
+    return f"level_{metadata['level']}" if metadata.get("level") is not None else "all"
+
+
+class GRPOTrainer:
+    """Runs a ``GRPOConfig``: ``asyncio.run(GRPOTrainer(config).train())``.
+
+    The constructor loads everything (data, model, optimizer, rollout cores, the last
+    checkpoint of ``out_dir``), so ``train_step()`` and ``evaluate()`` work on their own.
+    ``invoker`` (a ``ToolClient`` built from ``config.server`` by default) runs the tools
+    and verifiers; pass your own to reuse a client (then you close it).
+    """
+
+    def __init__(self, config: GRPOConfig, *, invoker: Any = None) -> None:
+        from trainer_client.backends.models import load_model
+        from trainer_client.client.tool_client import ToolClient
+
+        self._started = time.perf_counter()
+        self.elapsed_before_s = 0.0  # wall time of earlier processes of this run (resume)
+        self.config = cfg = config
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.out_dir = Path(cfg.out_dir).expanduser()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.train_tasks = [row.task() for row in load_tasks(cfg.train_data, limit=cfg.max_train_rows)]
+        self.eval_tasks = (
+            [row.task() for row in load_tasks(cfg.eval_data, limit=cfg.eval_size)] if cfg.eval_data else []
+        )
+
+        self.tokenizer, self.model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
+        if cfg.device == "cpu":
+            use_gqa_decode_attention(self.model)
+        self.ref_model = None  # the policy the run started from, for the KL term
+        if cfg.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+
+        self.generator = SharedPrefixGenerator(
+            self.model,
+            self.tokenizer,
+            max_batch_size=cfg.generation_batch_size,
+            default_max_tokens=cfg.max_tokens_per_turn,
+        )
+        self._owns_invoker = invoker is None
+        self.invoker = invoker if invoker is not None else ToolClient(cfg.server, toolset=cfg.toolset)
+        self.train_core = self._core(cfg.rollout_config())
+        self.eval_core = self._core(cfg.rollout_config(eval_mode=True))
+        self.greedy_core = (
+            self._core(cfg.rollout_config(eval_mode=True, temperature=0.0))
+            if cfg.greedy_eval and cfg.eval_temperature > 0
+            else None
+        )
+        self._tools_shown = False
+
+        self.step, self.epoch, self.cursor = 0, 0, 0  # cursor: position in the shuffled training order
+        self.order: list[int] = []
+        self.log = RunLog(self.out_dir, tensorboard=cfg.tensorboard)
+        if cfg.resume:
+            self._resume()
+        if not self.order:
+            self._shuffle()
+        (self.out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+
+    def _core(self, rollout: RolloutConfig) -> RolloutCore:
+        return RolloutCore(self.tokenizer, self.generator, self.invoker, rollout, verifier=self.invoker)
+
+    # ------------------------------------------------------------------ the loop
+
+    async def train(self) -> dict[str, Any]:
+        """Run the remaining steps (all of them, or from the last checkpoint). Returns the run's summary."""
+        cfg = self.config
+        try:
+            if self.step == 0 and cfg.eval_at_start:
+                await self.evaluate_all()
+            while self.step < cfg.steps:
+                if cfg.max_minutes is not None and self.elapsed_s() > 60.0 * cfg.max_minutes:
+                    logger.warning("time budget of %.0f min reached at step %d", cfg.max_minutes, self.step)
+                    break
+                record = await self.train_step()
+                logger.info(
+                    "step %d reward %.3f success %.3f (%.0f s)",
+                    record["step"],
+                    record["reward"],
+                    record["success"],
+                    record["time/step_s"],
+                )
+                if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    await self.evaluate()
+                if cfg.save_every and (self.step % cfg.save_every == 0 or self.step == cfg.steps):
+                    self.save_checkpoint()
+            if not cfg.eval_every or self.step % cfg.eval_every != 0:
+                await self.evaluate()
+            await self.evaluate(greedy=True)
+        finally:
+            await self.close()
+        if cfg.plot:
+            plot_reward_curve(self.out_dir / METRICS_FILE, self.out_dir / PLOT_FILE)
+        summary = summarize_run(self.out_dir / METRICS_FILE)
+        summary["wall_s_this_process"] = time.perf_counter() - self._started
+        (self.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    async def train_step(self) -> dict[str, Any]:
+        """One step: sample prompts, roll out each group, advantages, one update; returns the logged record."""
+        cfg = self.config
+        await self._show_tools()
+        t0 = time.perf_counter()
+        prompts = self._next_prompts()
+        tasks = [p for p in prompts for _ in range(cfg.group_size)]
+        group_index = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
+        self.model.eval()
+        self.generator.clear_prefix_cache()
+        trajectories = await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
+        rollout_s = time.perf_counter() - t0
+
+        batch = RolloutBatch.build(trajectories, group_index)
+        advantages = grpo_advantages(batch, cfg.norm_adv_by_std)
+        t1 = time.perf_counter()
+        update = await asyncio.to_thread(self.update, batch, advantages)
+        update_s = time.perf_counter() - t1
+        self.step += 1
+
+        generated = sum(sum(t.response_mask) for t in trajectories)
+        calls = sum(t.metrics.get("calls", 0) for t in trajectories)
+        record = self._record(
+            "train",
+            **trajectory_stats(trajectories, cfg.success_threshold),
+            **update,
+            groups_with_signal=batch.groups_with_signal(),
+            rollout_tokens_per_s=generated / rollout_s if rollout_s > 0 else 0.0,
+            tool_calls_per_s=calls / rollout_s if rollout_s > 0 else 0.0,
+            **{
+                "time/rollout_s": rollout_s,
+                "time/update_s": update_s,
+                "time/step_s": time.perf_counter() - t0,
+            },
+            lr=self.optimizer.param_groups[0]["lr"],
+            epoch=self.epoch,
+        )
+        self.log.samples("train", self.step, trajectories[:: cfg.group_size][:4])
+        return record
+
+    def update(self, batch: RolloutBatch, advantages: torch.Tensor) -> dict[str, float]:
+        """Gradient accumulation over micro-batches, then one clipped AdamW step."""
+        cfg = self.config
+        warmup = cfg.warmup_steps
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * (min(1.0, (self.step + 1) / warmup) if warmup > 0 else 1.0)
+        needs_all_rows = self.ref_model is not None or cfg.entropy_coeff > 0
+        active = [i for i, signal in enumerate(batch.has_signal) if signal or needs_all_rows]
+        rows = [batch.trajectories[i] for i in active]
+        mask = batch.response_mask
+        actor_cfg = actor_loss_config(
+            cfg, batch_num_tokens=int(mask.sum().item()), global_batch_size=len(batch.trajectories)
+        )
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # The prompt prefix all rows share runs once per step, for the policy (its gradient
+        # finished by prefix.backward() after the micro-batches) and for the reference.
+        ids = prompt_prefix([t.prompt_ids for t in rows])
+        prefix = shared_prefix(self.model, ids, detach=True) if ids else None
+        ref_prefix = None
+        if ids and self.ref_model is not None:
+            with torch.no_grad():
+                ref_prefix = shared_prefix(self.ref_model, ids)
+
+        sums: dict[str, float] = defaultdict(float)
+        for idx in micro_batches(rows, active, cfg.micro_batch_size, cfg.micro_batch_tokens):
+            prompts = [batch.trajectories[i].prompt_ids for i in idx]
+            responses = [batch.trajectories[i].response_ids for i in idx]
+            width = max(max((len(r) for r in responses), default=0), 1)
+            m = mask[idx, :width]
+            log_prob, entropy = response_logprobs(
+                self.model,
+                prompts,
+                responses,
+                pad_token_id=self.pad_token_id,
+                temperature=cfg.temperature,
+                with_entropy=True,
+                prefix=prefix,
+            )
+            ref_log_prob = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref_log_prob, _ = response_logprobs(
+                        self.ref_model,
+                        prompts,
+                        responses,
+                        pad_token_id=self.pad_token_id,
+                        temperature=cfg.temperature,
+                        prefix=ref_prefix,
+                    )
+                sums["kl_sum"] += float(((log_prob.detach() - ref_log_prob) * m).sum())
+            loss, metrics = policy_loss_terms(
+                log_prob=log_prob,
+                old_log_prob=log_prob.detach(),
+                advantages=advantages[idx, :width],
+                response_mask=m,
+                actor_config=actor_cfg,
+                ref_log_prob=ref_log_prob,
+                entropy=entropy,
+            )
+            loss.backward()
+            for key, value in metrics.items():
+                sums[key] += value
+            sums["entropy_sum"] += float((entropy * m).sum())
+            sums["tokens"] += float(m.sum())
+        if prefix is not None:
+            prefix.backward()
+
+        grad_norm = 0.0
+        if active:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                logger.warning("non-finite gradient norm at step %d; update skipped", self.step + 1)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.generator.clear_prefix_cache()  # the weights changed: cached prefixes are stale
+        tokens = sums["tokens"]
+        out = {
+            "pg_loss": sums["pg_loss"],  # already normalized by the step's tokens
+            "grad_norm": grad_norm,
+            "entropy": sums["entropy_sum"] / tokens if tokens else 0.0,
+            "trained_rows": float(len(active)),
+        }
+        if self.ref_model is not None:
+            out["kl"] = sums["kl_sum"] / tokens if tokens else 0.0
+            out["kl_loss"] = sums["kl_loss"]
+        return out
+
+    async def evaluate(self, *, greedy: bool = False) -> dict[str, Any] | None:
+        """Roll out the held-out tasks (``eval_samples`` times each at ``eval_temperature``, or
+        once greedily with ``greedy``) and log success overall and per problem kind (or
+        environment level).
+
+        Returns None when there is nothing to evaluate (no held-out split; ``greedy`` without
+        ``greedy_eval`` at a sampling temperature)."""
+        cfg = self.config
+        core = self.greedy_core if greedy else self.eval_core
+        if not self.eval_tasks or core is None:
+            return None
+        await self._show_tools()
+        self.model.eval()
+        self.generator.clear_prefix_cache()
+        t0 = time.perf_counter()
+        samples = 1 if greedy else max(1, cfg.eval_samples)
+        tasks = [t for t in self.eval_tasks for _ in range(samples)]
+        trajectories = await core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
+        by_kind: dict[str, list[float]] = defaultdict(list)
+        for t in trajectories:
+            by_kind[_kind(t.task)].append(float((t.reward_score or 0.0) >= cfg.success_threshold))
+        per_kind = (
+            {f"success/{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())} if len(by_kind) > 1 else {}
+        )
+        split = "eval_greedy" if greedy else "eval"
+        record = self._record(
+            split,
+            **trajectory_stats(trajectories, cfg.success_threshold),
+            eval_size=len(self.eval_tasks),
+            eval_samples=samples,
+            temperature=0.0 if greedy else cfg.eval_temperature,
+            **{"time/eval_s": time.perf_counter() - t0},
+            **per_kind,
+        )
+        self.log.samples(split, self.step, trajectories[:: max(1, len(trajectories) // 8)])
+        logger.info("%s at step %d: success %.3f", split, self.step, record["success"])
+        return record
+
+    async def evaluate_all(self) -> None:
+        """The evaluations of a checkpoint: sampled, and greedy when ``greedy_eval`` asks for it."""
+        await self.evaluate()
+        await self.evaluate(greedy=True)
+
+    async def close(self) -> None:
+        if self._owns_invoker:
+            await self.invoker.aclose()
+        await self.generator.aclose()
+        self.log.close()
+
+    # ------------------------------------------------------------------ data and logs
+
+    async def _show_tools(self) -> None:
+        """Once: give every task the tool schemas its prompt shows (``config.tool_schemas``):
+        the dataset's ``extra_info.tools``, else the toolset's from the server's ``/v1/tools``."""
+        if self._tools_shown:
+            return
+        cfg = self.config
+        server_tools = None
+        if cfg.tool_schemas != "none" and hasattr(self.invoker, "list_tools"):
+            server_tools = openai_tool_schemas(await self.invoker.list_tools(cfg.toolset))
+        for task in self.train_tasks + self.eval_tasks:
+            dataset_tools = task.metadata.get("tools")
+            task.tools = prompt_tools(
+                cfg.tool_schemas,
+                messages=task.messages,
+                dataset_tools=dataset_tools if isinstance(dataset_tools, list) else None,
+                server_tools=server_tools,
+                renders_tools=self.train_core.renderer.renders_tools,
+                format=cfg.format,
+            )
+        self._tools_shown = True
+
+    def _shuffle(self) -> None:
+        rng = random.Random(self.config.seed + self.epoch)
+        self.order = list(range(len(self.train_tasks)))
+        rng.shuffle(self.order)
+        self.cursor = 0
+
+    def _next_prompts(self) -> list[Task]:
+        chosen: list[Task] = []
+        while len(chosen) < self.config.prompts_per_step:
+            if self.cursor >= len(self.order):
+                self.epoch += 1
+                self._shuffle()
+            chosen.append(self.train_tasks[self.order[self.cursor]])
+            self.cursor += 1
+        return chosen
+
+    def elapsed_s(self) -> float:
+        """Wall time of the run so far, resumed processes included."""
+        return self.elapsed_before_s + time.perf_counter() - self._started
+
+    def _record(self, split: str, **values: Any) -> dict[str, Any]:
+        record = {
+            "time": time.time(),
+            "elapsed_min": round(self.elapsed_s() / 60.0, 2),
+            "split": split,
+            "step": self.step,
+            **values,
+        }
+        self.log.write(record)
+        return record
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def save_checkpoint(self) -> Path:
+        """Model (HF format), optimizer, data cursor and RNG states under checkpoints/step_N."""
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "order": self.order,
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "elapsed_s": self.elapsed_s(),
+        }
+        return save_checkpoint(
+            self.out_dir,
+            self.step,
+            model=self.model,
+            tokenizer=self.tokenizer,
+            state=state,
+            keep=self.config.keep_checkpoints,
+        )
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.out_dir)
+        if path is None:
+            return
+        state = load_checkpoint(path, self.model)  # the reference model stays the run's starting point
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.epoch, self.cursor = int(state["step"]), int(state["epoch"]), int(state["cursor"])
+        self.order = list(state["order"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+        self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
+        logger.info("resumed from %s at step %d", path, self.step)
