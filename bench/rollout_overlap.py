@@ -47,7 +47,7 @@ from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn  # 
 from trainer_client.client.tool_client import ToolClient  # noqa: E402
 from trainer_client.parsers.registry import get_parser  # noqa: E402
 from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task  # noqa: E402
-from trainer_client.templates.render import make_renderer  # noqa: E402
+from trainer_client.templates.factory import make_renderer  # noqa: E402
 
 
 @dataclass(frozen=True)

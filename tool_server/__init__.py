@@ -17,7 +17,6 @@ redirect(
         "tool_server.mcp_endpoint": "tool_server.api.mcp",
         "tool_server.openapi": "tool_server.api.openapi",
         "tool_server.retrieve": "tool_server.api.retrieve",
-        "tool_server.stores": "tool_server.executor.stores",
         "tool_server.upstream_calls": "tool_server.upstream.calls",
         "tool_server.upstream_config": "tool_server.upstream.config",
         "tool_server.upstream_server": "tool_server.upstream.server",

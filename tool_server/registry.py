@@ -21,7 +21,7 @@ from tool_server.config import ConfigError, ToolSpec
 from tool_server.schema import Signature, derive_signature
 
 if TYPE_CHECKING:
-    from tool_server.upstream.hosting import UpstreamTool
+    from tool_server.upstream.tools import UpstreamTool
 
 VERIFIER_PREFIX = "verify_"
 VERIFIERS_TOOLSET = "verifiers"
@@ -269,7 +269,7 @@ class Registry:
         call: Callable[..., Awaitable[Any]],
         toolsets: Iterable[str] = (),
     ) -> ToolEntry:
-        """Serve one upstream tool as ``upstream.py`` described it (``UpstreamTool``)."""
+        """Serve one upstream tool as ``tool_server.upstream`` described it (``UpstreamTool``)."""
         return self.add(
             ToolEntry(
                 name=tool.name,

@@ -23,7 +23,7 @@ import secrets
 import time
 
 from protocol import ErrorKind, SessionState, ToolError, new_session_id
-from tool_server.executor.stores import TTLStore
+from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
 CLOSED_TTL_S = 24 * 3600.0  # how long a released id is remembered as released

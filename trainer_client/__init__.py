@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         Trajectory,
         Verifier,
     )
-    from trainer_client.templates.render import make_renderer, openai_tool_schemas
+    from trainer_client.templates.factory import make_renderer, openai_tool_schemas
     from trainer_client.training.config import GRPOConfig
     from trainer_client.training.grpo import GRPOTrainer
 
@@ -107,7 +107,8 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "parser_names",
         "register_parser",
     ),
-    "trainer_client.templates.render": ("make_renderer", "openai_tool_schemas"),
+    "trainer_client.templates.factory": ("make_renderer",),
+    "trainer_client.templates.tools": ("openai_tool_schemas",),
     "trainer_client.backends.base": ("Generator", "TokenOutput"),
     "trainer_client.backends.scripted": ("ScriptedGenerator", "ScriptedTurn"),
     "trainer_client.backends.hf": ("HFGenerator",),  # torch

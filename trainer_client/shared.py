@@ -54,3 +54,7 @@ class LoopClients:
         """Close the running loop's clients."""
         for client in self._by_loop.pop(asyncio.get_running_loop(), {}).values():
             await client.aclose()
+
+
+class CliError(Exception):
+    """A user error: printed as ``error: ...`` with exit status 2."""

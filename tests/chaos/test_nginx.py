@@ -15,7 +15,6 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import httpx
 import pytest
 
 from protocol import new_session_id
+from tests.support.processes import started
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -97,28 +97,14 @@ def running_nginx(replicas: list[str], tmp: Path) -> Iterator[str]:
     (tmp / "nginx.conf").write_text(MAIN.format(tmp=tmp))
     check = subprocess.run([binary, "-t", "-c", str(tmp / "nginx.conf")], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    proc = subprocess.Popen(
-        [binary, "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "nginx did not start listening"
-            time.sleep(0.05)
+
+    def listening() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    with started([binary, "-c", str(tmp / "nginx.conf"), "-g", "daemon off;"], probe=listening, timeout_s=20):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 @contextlib.contextmanager

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import contextlib
-import os
-import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +13,8 @@ from typing import Any
 
 import httpx
 import yaml
+
+from tests.support.processes import started
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -82,48 +81,27 @@ def running_server(
             "--port",
             "0",
         ]
-        proc_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        proc = subprocess.Popen(
+        with started(
             cmd + (extra_args or []),
+            ready_line=r"Uvicorn running on (http://\S+)",
+            timeout_s=startup_timeout_s,
             cwd=REPO,
-            env=proc_env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        log: list[str] = []
-        found: list[str] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                log.append(line)
-                match = re.search(r"Uvicorn running on (http://\S+)", line)
-                if match and not found:
-                    found.append(match.group(1))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        ready.wait(startup_timeout_s)
-        if not found:
-            proc.kill()
-            raise RuntimeError("tool server did not start:\n" + "".join(log))
-        server = ServerProcess(proc, found[0].replace("0.0.0.0", "127.0.0.1"), log)
-        deadline = time.monotonic() + startup_timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(server.url + "/readyz", timeout=2).status_code in (200, 503):
-                    break
-            time.sleep(0.05)
-        try:
+            env=env,
+        ) as process:
+            assert process.match is not None
+            server = ServerProcess(
+                process.proc, process.match.group(1).replace("0.0.0.0", "127.0.0.1"), process.log
+            )
+            deadline = time.monotonic() + startup_timeout_s
+            while not _answers(server.url):
+                if process.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("tool server did not answer /readyz:\n" + process.output)
+                time.sleep(0.05)
             yield server
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+
+
+def _answers(url: str) -> bool:
+    """The server answers ``/readyz`` (503 too: ready is the server's own view of its tools)."""
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url + "/readyz", timeout=2).status_code in (200, 503)
+    return False

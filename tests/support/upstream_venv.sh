@@ -2,7 +2,7 @@
 # Create .cache/upstream-venv: a separate Python environment holding a legacy-era MCP SDK (1.x).
 #
 # Most MCP servers in the wild are built on SDK 1.x and only speak the initialize
-# handshake (protocol <= 2025-11-25); ours is 2.3.0. tests/server/test_upstream.py runs a
+# handshake (protocol <= 2025-11-25); ours is 2.3.0. tests/server/upstream/test_proxying.py runs a
 # 1.x server from this venv as an upstream, to prove UpstreamServer falls back to the
 # handshake. It cannot share our venv (mcp 1.x and 2.x conflict), hence its own.
 #

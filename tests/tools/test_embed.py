@@ -12,13 +12,8 @@ from protocol import ErrorKind, ToolError, ToolOutput
 from tools.embed import EmbedTool, Encoder, RerankTool, get_encoder, resolve_embedding_model
 from tools.search.bm25 import SearchTool
 from tools.search.corpus import CorpusError
-from tools.search.dense import (
-    DenseIndex,
-    DenseSearchTool,
-    corpus_hash,
-    read_corpus,
-    reciprocal_rank_fusion,
-)
+from tools.search.dense import DenseSearchTool
+from tools.search.embeddings import DenseIndex, corpus_hash, read_corpus, reciprocal_rank_fusion
 
 DOCS = [
     ("cat", "Cat", "The cat is a small domesticated carnivorous mammal often kept as a house pet."),

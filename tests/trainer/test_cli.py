@@ -298,7 +298,7 @@ def test_rollout_shows_the_servers_tool_schemas_through_the_template(
 ) -> None:
     import pandas as pd
 
-    from tests.trainer.test_tool_schemas import qwen_style_model_dir
+    from tests.trainer.templates.test_tool_schemas import qwen_style_model_dir
 
     model = qwen_style_model_dir(smol_tokenizer, tmp_path / "qwen-style")
     data = tmp_path / "plain.parquet"

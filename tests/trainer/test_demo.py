@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +13,7 @@ import orjson
 import pytest
 
 from tests.support.demo import QuickDemo
+from tests.support.processes import started
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,25 +68,16 @@ def test_server_is_stopped_when_the_demo_fails(tmp_path: Path) -> None:
 
 def test_server_is_stopped_on_interrupt(tmp_path: Path) -> None:
     out_dir = tmp_path / "demo"
-    proc = subprocess.Popen(
+    log = out_dir / "server.log"
+    with started(
         demo("--quick", "--out-dir", str(out_dir), "--no-progress"),
+        probe=lambda: log.exists() and "Uvicorn running" in log.read_text(),
+        timeout_s=180,
         cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        log = out_dir / "server.log"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not (log.exists() and "Uvicorn running" in log.read_text()):
-            time.sleep(0.2)
+    ) as process:
         url = server_url(out_dir)
-        proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the demo only, not its server
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
+        process.proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the demo only, not its server
+        process.wait(60)
+    assert process.proc.returncode == 130, process.output
+    assert "interrupted" in process.output
     assert_stopped(url)

@@ -15,8 +15,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tool_server.config import AuthConfig, ConfigError
 
-ANONYMOUS_TENANT = "anonymous"  # the one tenant of a server without tokens
-
 
 def sees_server_wide(scope: Scope, *, public_by_choice: bool = False) -> bool:
     """Whether the caller may see figures that name every tool and upstream (``/metrics``,

@@ -28,8 +28,9 @@ from protocol import (
     new_session_id,
 )
 from protocol.messages import MAX_ID_LENGTH
-from tool_server.api.auth import ANONYMOUS_TENANT, sees_server_wide
+from tool_server.api.auth import sees_server_wide
 from tool_server.api.openapi import openapi_spec
+from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.executor.executor import Caller, Executor, Overloaded
 from tool_server.registry import Registry
 from tool_server.sessions import INSTANCE_HEADER

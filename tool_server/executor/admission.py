@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tool_server.api.auth import ANONYMOUS_TENANT
 from tool_server.config import ConfigError
 
 __all__ = ["ANONYMOUS", "Admission", "Caller", "Overloaded", "tenant_share"]
+
+ANONYMOUS_TENANT = "anonymous"  # the one tenant of a server without tokens
 
 
 class Overloaded(Exception):

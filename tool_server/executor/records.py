@@ -23,9 +23,9 @@ import orjson
 
 from protocol import ErrorKind, Result
 from tool_server.config import Config
-from tool_server.executor.stores import TTLStore
 from tool_server.metrics import Metrics
 from tool_server.registry import ToolEntry
+from tool_server.stores import TTLStore
 
 __all__ = ["CallRecords", "Fingerprint", "canonical_arguments", "storable"]
 

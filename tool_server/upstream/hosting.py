@@ -62,7 +62,7 @@ __all__ = [
     "schema_validator",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tool_server.upstream")  # one logger for the upstreams
 
 
 def parse_servers(

@@ -39,7 +39,7 @@ from tool_server.upstream.tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamToo
 
 __all__ = ["DEFAULT_SEPARATOR", "UpstreamServer"]
 
-logger = logging.getLogger("tool_server.upstream.hosting")
+logger = logging.getLogger("tool_server.upstream")
 
 
 DEFAULT_SEPARATOR = "__"

@@ -8,30 +8,53 @@ instance of its own on its first call, stopped when the session closes. At most
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from protocol import ErrorKind, SessionState, ToolError
 
-if TYPE_CHECKING:
-    from tool_server.upstream.server import UpstreamServer
-
 __all__ = ["SessionPool"]
+
+
+class Instance(Protocol):
+    """One per-session process of an upstream (an ``UpstreamServer`` of ``server``)."""
+
+    label: str
+    healthy: bool
+    state: str
+    last_error: str | None
+
+    async def start(self, *, wait: bool = True) -> None: ...
+
+    async def wait_attempted(self, timeout_s: float) -> bool: ...
+
+    async def stop(self) -> None: ...
+
+
+class Owner(Protocol):
+    """The upstream whose per-session instances a pool holds (``server.UpstreamServer``)."""
+
+    name: str
+    label: str
+    started: bool
+    connect_timeout_s: float
+
+    def spawn_instance(self) -> Instance: ...
 
 
 class SessionPool:
     """The per-session instances of one upstream (``owner``)."""
 
-    def __init__(self, owner: UpstreamServer, max_sessions: int) -> None:
+    def __init__(self, owner: Owner, max_sessions: int) -> None:
         self.owner = owner
         self.max_sessions = max_sessions
-        self._instances: set[UpstreamServer] = set()
+        self._instances: set[Instance] = set()
         self._stopping: set[asyncio.Task[None]] = set()
 
     def __len__(self) -> int:
         """Instances of open sessions (released ones still stopping not included)."""
         return len(self._instances)
 
-    async def instance_for(self, session: SessionState) -> UpstreamServer:
+    async def instance_for(self, session: SessionState) -> Instance:
         """The session's own instance, started on its first call; ToolError when there is none to give."""
         key = f"upstream:{self.owner.name}"
         instance = session.data.get(key)
@@ -67,7 +90,7 @@ class SessionPool:
                 )
             await asyncio.wait(set(self._stopping), return_when=asyncio.FIRST_COMPLETED)
 
-    async def _start(self, session: SessionState, key: str) -> UpstreamServer:
+    async def _start(self, session: SessionState, key: str) -> Instance:
         instance = session.data[key] = self.owner.spawn_instance()
         self._instances.add(instance)
         session.on_close(lambda: self._release(instance))
@@ -80,7 +103,7 @@ class SessionPool:
         waits = [instance.stop() for instance in instances] + list(self._stopping)
         await asyncio.gather(*waits, return_exceptions=True)
 
-    def _release(self, instance: UpstreamServer) -> None:
+    def _release(self, instance: Instance) -> None:
         """Its session closed: stop the instance in the background (closing must not wait for it)."""
         self._instances.discard(instance)
         task = asyncio.get_running_loop().create_task(instance.stop())

@@ -33,7 +33,7 @@ from tool_server.upstream.config import StdioSpec
 
 __all__ = ["MESSAGE_TOO_LARGE", "LineSplitter", "Oversize", "bounded_stdio_client", "stand_in"]
 
-logger = logging.getLogger("tool_server.upstream.hosting")
+logger = logging.getLogger("tool_server.upstream")
 
 # The code of the error response put in place of a discarded one (JSON-RPC's server-error
 # range, unused by the SDK): calls map it to ``too_large``.

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol, TextIO
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -20,16 +20,13 @@ from mcp import Client
 from mcp_types import ToolListChangedNotification
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tool_server.upstream.config import StdioSpec
+from tool_server.upstream.config import HttpSpec, StdioSpec
 from tool_server.upstream.stderr import StderrCapture
 from tool_server.upstream.transport import describe_failure, open_transport
 
-if TYPE_CHECKING:
-    from tool_server.upstream.server import UpstreamServer
-
 __all__ = ["State", "Supervisor"]
 
-logger = logging.getLogger("tool_server.upstream.hosting")
+logger = logging.getLogger("tool_server.upstream")
 
 State = Literal["stopped", "starting", "ready", "restarting", "exited"]
 
@@ -37,10 +34,29 @@ _MAX_LIST_PAGES = 100
 _STOP_TIMEOUT_S = 10.0  # the SDK's own shutdown (close stdin, SIGTERM, SIGKILL) fits in this
 
 
+class Supervised(Protocol):
+    """What the supervisor reads and calls back of its upstream (``server.UpstreamServer``)."""
+
+    name: str
+    spec: StdioSpec | HttpSpec
+    restart: bool
+    restart_backoff: tuple[float, float]
+    connect_timeout_s: float
+    call_timeout_s: float
+    health_interval_s: float | None
+    max_message_bytes: int
+    errlog: TextIO | None
+    catalog: list[Any]
+
+    def apply_tools(self, listed: list[dict[str, Any]]) -> bool: ...
+
+    def tools_changed(self) -> None: ...
+
+
 class Supervisor:
     """The connection of ``server`` (its settings, its tool list) and the task that keeps it up."""
 
-    def __init__(self, server: UpstreamServer) -> None:
+    def __init__(self, server: Supervised) -> None:
         self.server = server
         self.state: State = "stopped"
         self.restarts = 0

@@ -13,14 +13,11 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jsonschema
 
 from protocol import META_KEY, ToolMeta
-
-if TYPE_CHECKING:
-    from tool_server.upstream.server import UpstreamServer
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -31,7 +28,7 @@ __all__ = [
     "schema_validator",
 ]
 
-logger = logging.getLogger("tool_server.upstream.hosting")
+logger = logging.getLogger("tool_server.upstream")
 
 MAX_NAME_LENGTH = 64  # OpenAI function names: ^[a-zA-Z0-9_-]{1,64}$
 UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
@@ -158,7 +155,18 @@ class UpstreamTool:
     validate: Callable[[dict[str, Any]], dict[str, Any]] = field(compare=False)
 
 
-def build_catalog(server: UpstreamServer, listed: list[dict[str, Any]]) -> list[UpstreamTool]:
+class CatalogSource(Protocol):
+    """What a catalog is built from: the settings of one upstream (``server.UpstreamServer``)."""
+
+    name: str
+    prefix: str  # namespace and separator, prepended to exported names
+    disabled_tools: frozenset[str]
+    session_arg: str | None
+    call_timeout_s: float
+    stateful: bool
+
+
+def build_catalog(server: CatalogSource, listed: list[dict[str, Any]]) -> list[UpstreamTool]:
     """The tools ``server`` exposes from its ``tools/list``: disabled ones and repeats left out."""
     offered: dict[str, dict[str, Any]] = {}
     for raw in listed:
@@ -170,7 +178,7 @@ def build_catalog(server: UpstreamServer, listed: list[dict[str, Any]]) -> list[
     return [_tool(server, names[name], raw) for name, raw in offered.items()]
 
 
-def _tool(server: UpstreamServer, exported: str, raw: dict[str, Any]) -> UpstreamTool:
+def _tool(server: CatalogSource, exported: str, raw: dict[str, Any]) -> UpstreamTool:
     """Describe one upstream tool once: name, schemas, metadata and validator."""
     annotations = raw.get("annotations") or {}
     schema = raw.get("inputSchema") or {"type": "object"}

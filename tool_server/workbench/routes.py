@@ -21,9 +21,10 @@ from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from protocol import ErrorKind
-from tool_server.api.auth import ANONYMOUS_TENANT, sees_server_wide
+from tool_server.api.auth import sees_server_wide
 from tool_server.api.routes import HttpApi, error_response, json_response
 from tool_server.config import Config
+from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.workbench.files import FileError, Files, TrajectoryIndex
 from tool_server.workbench.live import metrics_snapshot
 from tool_server.workbench.runs import find_runs, read_runs

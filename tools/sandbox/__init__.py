@@ -185,7 +185,7 @@ __all__ = [
 ]
 
 UID_RANGE = DEFAULT_UIDS  # unprivileged uids handed to workers as root (configure_uids: per replica)
-# Kept for tests/tools/test_sandbox.py, which reads these two from here.
+# Kept for tests/tools/sandbox/test_sandbox.py, which reads these two from here.
 _processes_of = processes_of
 _WORKER_PATH = WORKER_PATH
 

@@ -16,17 +16,23 @@ import signal
 import tempfile
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tools.sandbox.processes import kill_uid
 from tools.sandbox.zygote import stop_templates
 
-if TYPE_CHECKING:
-    from tools.sandbox.interpreter import SandboxWorker
-
 __all__ = ["HOSTDIRS", "LIVE", "HostDirs", "clean_up_on_sigterm", "default_hidden_paths"]
 
-LIVE: weakref.WeakSet[SandboxWorker] = weakref.WeakSet()
+
+class Killable(Protocol):
+    """What the exit hook asks of a live worker (``interpreter.SandboxWorker``)."""
+
+    uid: int | None
+
+    def kill(self) -> None: ...
+
+
+LIVE: weakref.WeakSet[Killable] = weakref.WeakSet()
 
 
 class HostDirs:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import threading
 from collections.abc import Sequence
@@ -27,12 +26,12 @@ from typing import Annotated, Any
 import anyio
 import bm25s
 import numpy as np
-from bm25s.stopwords import STOPWORDS_EN
 
 from protocol import ErrorKind, ToolError, ToolOutput, tool
 from tools.search.corpus import Document, builtin_corpus, cache_dir, file_digest, load_corpus
-from tools.search.dense import reciprocal_rank_fusion
+from tools.search.embeddings import reciprocal_rank_fusion
 from tools.search.index import BM25_DIR, TERM_MAX, DocStore, SearchIndexError, load_manifest
+from tools.search.tokens import Tokenizer
 from tools.search.topk import PostingScorer, term_maxima
 
 logger = logging.getLogger(__name__)
@@ -42,48 +41,7 @@ MAX_QUERIES = 4096
 MAX_QUERY_CHARS = 4096
 MAX_TOPK = 100  # the same bound as the server's /retrieve endpoint
 INLINE_WORK = 50_000  # queries x documents scored on the event loop (a worker thread above it)
-_TOKEN = re.compile(r"(?u)\b\w\w+\b")
-_STOPWORDS = frozenset(STOPWORDS_EN)
-_STEM_CACHE_LIMIT = 500_000
 _LARGE = 160_000  # documents from which queries are scored one by one, on every core
-
-
-def _load_stemmer(language: str | None) -> Any:
-    if language is None:
-        return None
-    try:
-        import Stemmer  # PyStemmer: optional, improves recall ("cats" finds "cat")
-    except ImportError:
-        if language == "auto":
-            return None
-        raise
-    return Stemmer.Stemmer("english" if language == "auto" else language)
-
-
-class Tokenizer:
-    """Lowercase, split into words of 2+ characters, drop English stopwords, stem.
-
-    The same function tokenises documents and queries, so both sides always agree.
-    """
-
-    def __init__(self, stemmer: str | None = "auto") -> None:
-        self._stemmer = _load_stemmer(stemmer)
-        language = "english" if stemmer == "auto" else stemmer
-        self.name = f"stem-{language}" if self._stemmer is not None else "nostem"  # part of the index key
-        self._cache: dict[str, str] = {}
-
-    def __call__(self, text: str) -> list[str]:
-        words = [w for w in _TOKEN.findall(text.lower()) if w not in _STOPWORDS]
-        if self._stemmer is None:
-            return words
-        cache = self._cache
-        missing = [w for w in words if w not in cache]
-        if missing:
-            if len(cache) > _STEM_CACHE_LIMIT:
-                cache.clear()
-            unique = list(dict.fromkeys(missing))
-            cache.update(zip(unique, self._stemmer.stemWords(unique), strict=True))
-        return [cache[w] for w in words]
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +306,7 @@ class SearchTool:
     def _load_dense(self, documents: list[Document], cache: Path) -> Any:
         """The dense index and encoder for hybrid search, or None (logged) when the model is missing."""
         from tools.embed import get_encoder
-        from tools.search.dense import DenseIndex
+        from tools.search.embeddings import DenseIndex
 
         try:
             encoder = get_encoder(self.dense_model)

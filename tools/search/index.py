@@ -18,7 +18,7 @@ Layout of the directory (``manifest.json`` describes it):
 
 * ``bm25/``: bm25s's own saved layout (CSC score matrix, vocabulary, parameters), so
   ``bm25s.BM25.load(dir / "bm25", mmap=True)`` reads it too; scores are bm25s's "lucene"
-  BM25, bit for bit (tests/tools/test_search_scale.py checks it against ``bm25s.BM25.index``).
+  BM25, bit for bit (tests/tools/search/test_scale.py checks it against ``bm25s.BM25.index``).
 * ``term_max.npy``: each term's highest posting score (float32), which bounds what a term
   can add to a passage's score (tools/search/topk.py).
 * ``docs.bin`` + ``docs.offsets.npy``: the passages themselves, one JSON array
@@ -55,6 +55,7 @@ import orjson
 from tqdm import tqdm
 
 from tools.search.corpus import CorpusError, Document
+from tools.search.tokens import Tokenizer
 from tools.search.topk import term_maxima
 
 __all__ = [
@@ -143,7 +144,6 @@ def build_index(
     progress: bool = True,
 ) -> Manifest:
     """Index the JSONL passages in ``source`` into the directory ``out`` (replaced atomically)."""
-    from tools.search.bm25 import Tokenizer  # search imports this module: import here, not at the top
 
     source, out = Path(source), Path(out)
     if not source.is_file():

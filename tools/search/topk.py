@@ -22,7 +22,7 @@ zeroes a fresh array each time. Here:
    ``bincount`` sums; sorted by score, ties by lower passage.
 
 So the result is the exhaustive float64 scorer's, scores bit for bit and ties included
-(tests/tools/test_search_scale.py checks it against a plain reference), for 1.4-2.1x less
+(tests/tools/search/test_scale.py checks it against a plain reference), for 1.4-2.1x less
 CPU a query at 1M passages (bench/README.md). ``numpy.add.at`` holds the GIL, so more threads
 do not make a replica faster; more replicas do.
 """

@@ -10,27 +10,27 @@ etc., or use :data:`BUILTIN_VERIFIERS` (name -> function).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from tools.verifiers.code import code_tests
 from tools.verifiers.format import format_check
 from tools.verifiers.judge import judge
 from tools.verifiers.match import exact_match, f1
 from tools.verifiers.math import math_equal
 from tools.verifiers.sql import sql_match
+from tools.verifiers.table import BUILTIN_VERIFIERS
 from tools.verifiers.weighted import weighted
 
-BUILTIN_VERIFIERS: dict[str, Callable[..., Any]] = {
-    "exact_match": exact_match,
-    "f1": f1,
-    "math_equal": math_equal,
-    "code_tests": code_tests,
-    "sql_match": sql_match,
-    "judge": judge,
-    "format": format_check,
-    "weighted": weighted,
-}
+BUILTIN_VERIFIERS.update(
+    {
+        "exact_match": exact_match,
+        "f1": f1,
+        "math_equal": math_equal,
+        "code_tests": code_tests,
+        "sql_match": sql_match,
+        "judge": judge,
+        "format": format_check,
+        "weighted": weighted,
+    }
+)
 
 __all__ = [
     "BUILTIN_VERIFIERS",

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol import ToolContext, VerifyRequest, VerifyResult, verifier
+from tools.verifiers.table import BUILTIN_VERIFIERS
 
 
 def _plan(arguments: dict[str, Any], table: dict[str, Callable[..., Any]]) -> dict[str, float]:
@@ -61,8 +62,6 @@ async def run_verifier(
 @verifier(name="weighted", timeout_s=180.0)
 async def weighted(request: VerifyRequest, ctx: ToolContext | None = None) -> VerifyResult:
     """Weighted combination of other verifiers; see the module docstring for the options."""
-    from tools.verifiers import BUILTIN_VERIFIERS  # the table imports this module
-
     try:
         plan = _plan(request.arguments, BUILTIN_VERIFIERS)
     except ValueError as exc:

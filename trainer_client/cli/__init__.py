@@ -8,6 +8,13 @@
 * ``flags``: flags derived from a config dataclass (names, types, defaults, help).
 """
 
-from trainer_client.cli.command import SUBCOMMANDS, CliError, Subcommand, build_parser, main, register_subcommand
+from trainer_client.cli.command import (
+    SUBCOMMANDS,
+    CliError,
+    Subcommand,
+    build_parser,
+    main,
+    register_subcommand,
+)
 
 __all__ = ["SUBCOMMANDS", "CliError", "Subcommand", "build_parser", "main", "register_subcommand"]

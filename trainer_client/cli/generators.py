@@ -26,7 +26,7 @@ def hf_backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any, Any, No
 
     from trainer_client.backends.hf import HFGenerator
     from trainer_client.backends.models import load_model
-    from trainer_client.templates.render import make_renderer
+    from trainer_client.templates.factory import make_renderer
 
     torch.manual_seed(args.seed)
     tokenizer, model = load_model(args.model)
@@ -90,7 +90,7 @@ def scripted_backend(
     from protocol import new_session_id
     from trainer_client.backends.models import load_tokenizer
     from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-    from trainer_client.templates.render import make_renderer
+    from trainer_client.templates.factory import make_renderer
 
     tokenizer = load_tokenizer(args.model)
     renderer = make_renderer(

@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainer_client.shared import CliError
+
 __all__ = ["SUBCOMMANDS", "CliError", "Subcommand", "register_subcommand"]
 
 
@@ -32,7 +34,3 @@ def register_subcommand(command: Subcommand) -> Subcommand:
     """Add (or replace) a subcommand; returns it, so it can be used at module level."""
     SUBCOMMANDS[command.name] = command
     return command
-
-
-class CliError(Exception):
-    """A user error: printed as ``error: ...`` with exit status 2."""

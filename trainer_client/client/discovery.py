@@ -39,7 +39,7 @@ from trainer_client.client.routing import Router
 
 __all__ = ["DnsName", "Discovery", "dns_name", "resolve"]
 
-log = logging.getLogger("trainer_client.client.tool_client")
+log = logging.getLogger("trainer_client.client")
 
 SCHEMES = {"dns": "http", "dns+http": "http", "dns+https": "https"}  # -> the replicas' scheme
 DEFAULT_REFRESH_S = 5.0

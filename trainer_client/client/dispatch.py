@@ -38,7 +38,7 @@ from trainer_client.client.splits import Splitter
 
 __all__ = ["Dispatcher"]
 
-log = logging.getLogger("trainer_client.client.tool_client")  # one logger for the client's messages
+log = logging.getLogger("trainer_client.client")  # one logger for the client's messages
 
 
 class Dispatcher:

@@ -12,7 +12,7 @@ from trainer_client.client.policies import HealthPolicy, RetryPolicy
 from trainer_client.client.records import Metrics, Replica
 from trainer_client.client.routing import INSTANCE_HEADER
 
-log = logging.getLogger("trainer_client.client.tool_client")
+log = logging.getLogger("trainer_client.client")
 
 
 class HealthMonitor:

@@ -10,7 +10,7 @@ import orjson
 
 from trainer_client.client.records import VERIFY, Pending, Replica, declares_idempotent
 
-log = logging.getLogger("trainer_client.client.tool_client")
+log = logging.getLogger("trainer_client.client")
 
 
 class IdempotencyCatalog:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -30,8 +30,16 @@ from protocol import (
     decode_verify_results,
 )
 
-if TYPE_CHECKING:
-    from trainer_client.client.batching import Batcher
+
+class ReplicaQueue(Protocol):
+    """What a replica asks of each of its batchers (``batching.Batcher``), named here so that
+    the records need not import the module that uses them."""
+
+    @property
+    def waiting(self) -> bool: ...
+
+    def resume(self) -> None: ...
+
 
 LATENCY_SAMPLES = 100_000  # bounded window for latency percentiles
 WINDOW_GROWTH = 1 / 8  # per answered call while a window is full: ~1/8 per round trip
@@ -81,7 +89,7 @@ class Replica:
     calls: int = 0
     failures: int = 0
     probing: asyncio.Task[None] | None = None
-    batchers: list[Batcher] = field(default_factory=list)
+    batchers: list[ReplicaQueue] = field(default_factory=list)
     described: asyncio.Task[None] | None = None  # its GET /v1/tools: which tools are idempotent
     # Admission control, learned from 429s (refused / answered below).
     outstanding: int = 0  # calls in POSTs sent here and not answered yet

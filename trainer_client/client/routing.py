@@ -23,7 +23,7 @@ import logging
 
 from trainer_client.client.records import Metrics, Pending, Replica
 
-log = logging.getLogger("trainer_client.client.tool_client")
+log = logging.getLogger("trainer_client.client")
 INSTANCE_HEADER = "x-toolfactory-instance"  # the server process that answered; on a request, the expected one
 
 

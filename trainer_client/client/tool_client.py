@@ -79,7 +79,7 @@ from trainer_client.client.records import (
 )
 from trainer_client.client.routing import INSTANCE_HEADER, Router, SessionLost
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trainer_client.client")  # one logger for the client
 
 TOKEN_ENV = "TOOLFACTORY_TOKEN"  # read when no token is passed explicitly
 KEEPALIVE_CONNECTIONS = 32  # idle connections kept open for reuse (all replicas together)

@@ -66,7 +66,8 @@ from trainer_client.rollout.types import (
     task_environment,
 )
 from trainer_client.rollout.user_turns import UserTurns
-from trainer_client.templates.render import ObservationRenderer, make_renderer
+from trainer_client.templates.factory import make_renderer
+from trainer_client.templates.render import ObservationRenderer
 from trainer_client.templates.vision import for_verifier, observation_content
 
 # The records live in ``types``; they are re-exported here, where users import them.

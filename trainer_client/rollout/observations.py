@@ -15,8 +15,9 @@ from typing import Any
 import orjson
 
 import protocol
+from trainer_client.templates.codec import valid_utf8
 
-__all__ = ["HIDDEN_TOOL", "announce_tools", "not_run_text", "parse_errors_text", "result_text", "valid_utf8"]
+__all__ = ["HIDDEN_TOOL", "announce_tools", "not_run_text", "parse_errors_text", "result_text"]
 
 HIDDEN_TOOL = "Error (unknown_tool): no tool named {name!r} is available to you"
 # Parse errors (and names of calls not run) one observation lists; the rest are counted. A
@@ -50,16 +51,6 @@ def _json(value: Any) -> str:
         return orjson.dumps(value, default=str).decode()
     except orjson.JSONEncodeError:  # a lone surrogate, which orjson refuses: valid_utf8 shows it
         return json.dumps(value, default=str, ensure_ascii=False, separators=(",", ":"))
-
-
-def valid_utf8(text: str) -> str:
-    """``text`` as valid UTF-8: a lone surrogate (from bytes a tool or an MCP upstream
-    decoded with ``surrogateescape``) is shown escaped (``\\udce9``), as the parsers show it."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
 
 
 def parse_errors_text(errors: Sequence[str]) -> str:

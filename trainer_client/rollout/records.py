@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from trainer_client.cli.subcommands import CliError
 from trainer_client.rollout.dataset import TaskRow
+from trainer_client.shared import CliError
 
 __all__ = ["read_records", "segments", "trajectory_record"]
 

@@ -1,7 +1,8 @@
 """Observations as token deltas: a tool result rendered with the model's chat template and
 appended to the trajectory token for token (text and images).
 
-* ``render``: ``make_renderer``, the chat- and text-template renderers, ``Splice``;
+* ``factory``: ``make_renderer``, the renderer for a model (chat, text or vision);
+* ``render``: the chat- and text-template renderers, ``Splice``;
 * ``codec``: ``TokenCodec``, text ↔ ids, and text that must stay text (no forged turns);
 * ``tools``: MCP descriptors as chat-template tool schemas in the prompt;
 * ``vision``: image results for vision-language models (pad tokens, pixel values);
@@ -9,12 +10,12 @@ appended to the trajectory token for token (text and images).
 """
 
 from trainer_client.templates.codec import TokenCodec
+from trainer_client.templates.factory import make_renderer
 from trainer_client.templates.render import (
     ChatTemplateRenderer,
     ObservationRenderer,
     Splice,
     TextTemplateRenderer,
-    make_renderer,
 )
 from trainer_client.templates.tools import openai_tool_schemas
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from trainer_client.templates.wordcache import WordCacheEncoder
 
-__all__ = ["TokenCodec"]
+__all__ = ["TokenCodec", "valid_utf8"]
 
 logger = logging.getLogger(__name__)
 
@@ -155,3 +155,13 @@ class TokenCodec:
                 "tool results holding special-token text are encoded safely, but their tokens "
                 "may differ from the tokenizer's at the cuts"
             )
+
+
+def valid_utf8(text: str) -> str:
+    """``text`` as valid UTF-8: a lone surrogate (from bytes a tool or an MCP upstream
+    decoded with ``surrogateescape``) is shown escaped (``\\udce9``), as the parsers show it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

@@ -34,8 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import orjson
 
-from trainer_client.rollout.observations import valid_utf8
-from trainer_client.templates.codec import TokenCodec
+from trainer_client.templates.codec import TokenCodec, valid_utf8
 from trainer_client.templates.tools import (
     FUNCTION_CALL_FORMATS,
     TOOL_SCHEMA_MODES,
@@ -56,7 +55,6 @@ __all__ = [
     "Splice",
     "TextTemplateRenderer",
     "TokenCodec",
-    "make_renderer",
     "openai_tool_schemas",
     "prompt_mentions_tools",
     "prompt_tools",
@@ -388,37 +386,6 @@ class TextTemplateRenderer(_RendererBase):
         markers = self.codec.literal_markers([content], avoid=[self.template])
         text = self.template.replace(CONTENT_FIELD, self.codec.mark(content, markers))
         return Splice([], self.codec.encode_marked(text, markers) if markers else self.codec.encode(text))
-
-
-def make_renderer(
-    tokenizer: Any,
-    tool_result_template: str | None = None,
-    *,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    processor: Any = None,
-    mm_processor_kwargs: dict[str, Any] | None = None,
-) -> ChatTemplateRenderer | TextTemplateRenderer:
-    """A chat-template renderer, or a text one when a template such as
-    ``SEARCH_R1_TEMPLATE`` (or the name ``"search_r1"``) is given. With a VLM's
-    ``processor``, a ``vision.VisionChatRenderer`` (tool results' images as image tokens)."""
-    if tool_result_template is None or tool_result_template == "chat":
-        if processor is not None:
-            from trainer_client.templates.vision import VisionChatRenderer
-
-            return VisionChatRenderer(
-                tokenizer,
-                processor,
-                chat_template_kwargs=chat_template_kwargs,
-                mm_processor_kwargs=mm_processor_kwargs,
-            )
-        return ChatTemplateRenderer(tokenizer, chat_template_kwargs=chat_template_kwargs)
-    if processor is not None:
-        raise ValueError(
-            "a processor (images) needs the chat-template renderer, not a text tool_result_template"
-        )
-    if tool_result_template == "search_r1":
-        tool_result_template = SEARCH_R1_TEMPLATE
-    return TextTemplateRenderer(tokenizer, tool_result_template, chat_template_kwargs=chat_template_kwargs)
 
 
 def _content_texts(content: Any) -> list[str]:

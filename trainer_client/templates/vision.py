@@ -21,7 +21,7 @@ from typing import Any
 
 import protocol
 from protocol.images import image_info
-from trainer_client.rollout.observations import valid_utf8
+from trainer_client.templates.codec import valid_utf8
 from trainer_client.templates.render import ChatTemplateRenderer, Splice
 
 __all__ = [
