@@ -4,28 +4,23 @@
 # reference model. A quick way to check a tool set-up before the 8-GPU run.
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+TASK_DATA=search_qa
+N_GPUS=1
+PROMPT_LENGTH=1024
+RESPONSE_LENGTH=2048
+LOG_PROB_MICRO_BATCH=8
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 run_verl "${TOOLFACTORY_GRPO[@]}" \
-    data.train_files="$DATA_DIR/search_qa/train.parquet" \
-    data.val_files="$DATA_DIR/search_qa/test.parquet" \
     data.train_batch_size=32 \
-    data.max_prompt_length=1024 \
-    data.max_response_length=2048 \
     data.filter_overlong_prompts=True \
-    actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=16 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
     actor_rollout_ref.rollout.n=5 \
-    actor_rollout_ref.rollout.prompt_length=1024 \
-    actor_rollout_ref.rollout.response_length=2048 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.4 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8 \
     actor_rollout_ref.rollout.agent.num_workers=2 \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8 \
     trainer.experiment_name=search_r1_grpo_small_1gpu \
-    trainer.n_gpus_per_node=1 \
     trainer.save_freq=50 \
     trainer.test_freq=25 \
     trainer.total_training_steps=200 \

@@ -7,17 +7,17 @@
 # Start the server first:  tool-server serve --config examples/search_r1/server.yaml
 set -euo pipefail
 MODEL=${MODEL:-Qwen/Qwen2.5-3B}
+TASK_DATA=search_qa
+N_GPUS=8
+PROMPT_LENGTH=1024
+RESPONSE_LENGTH=3072
+LOG_PROB_MICRO_BATCH=16
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 run_verl "${TOOLFACTORY_GRPO[@]}" \
-    data.train_files="$DATA_DIR/search_qa/train.parquet" \
-    data.val_files="$DATA_DIR/search_qa/test.parquet" \
     data.train_batch_size=512 \
-    data.max_prompt_length=1024 \
-    data.max_response_length=3072 \
     data.filter_overlong_prompts=True \
     data.truncation=error \
-    actor_rollout_ref.actor.optim.lr=1e-6 \
     actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285 \
     actor_rollout_ref.actor.ppo_mini_batch_size=256 \
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \
@@ -26,15 +26,10 @@ run_verl "${TOOLFACTORY_GRPO[@]}" \
     actor_rollout_ref.actor.fsdp_config.optimizer_offload=False \
     actor_rollout_ref.rollout.n=5 \
     actor_rollout_ref.rollout.temperature=1.0 \
-    actor_rollout_ref.rollout.prompt_length=1024 \
-    actor_rollout_ref.rollout.response_length=3072 \
     actor_rollout_ref.rollout.tensor_model_parallel_size=1 \
     actor_rollout_ref.rollout.gpu_memory_utilization=0.6 \
-    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
     actor_rollout_ref.rollout.agent.num_workers=8 \
-    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \
     trainer.experiment_name=search_r1_grpo_qwen2.5-3b \
-    trainer.n_gpus_per_node=8 \
     trainer.save_freq=100 \
     trainer.test_freq=50 \
     trainer.total_training_steps=1005 \
