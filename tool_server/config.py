@@ -15,6 +15,9 @@ from typing import Any, get_type_hints
 
 import yaml
 
+import tools  # noqa: F401  (registers the old paths of moved tool modules: protocol.moved)
+from protocol.moved import current_name
+
 DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
 ENV_PREFIX = "TOOLFACTORY__"
 
@@ -302,7 +305,14 @@ def _merge(
 
 
 def _entry_key(entry: Any) -> Any:
-    return (entry.get("name") or entry.get("target")) if isinstance(entry, dict) else None
+    """An entry's name, else its target with a moved module's old path read as the new one."""
+    if not isinstance(entry, dict):
+        return None
+    target = entry.get("target")
+    if entry.get("name") or not isinstance(target, str):
+        return entry.get("name") or target
+    module, sep, attribute = target.partition(":")
+    return current_name(module) + sep + attribute
 
 
 def _merge_entries(base: list[Any], override: list[Any]) -> list[Any]:
