@@ -2,12 +2,12 @@
 
 The names a user needs are exported here and imported on first use (module
 ``__getattr__``), so that ``import trainer_client`` stays cheap and never imports torch;
-``GRPOTrainer`` and ``HFGenerator`` bring torch in when touched. Submodules: ``client``
-(batched HTTP client), ``parsers`` (tool-call formats), ``templates`` (observation
-rendering as token deltas), ``rollout`` (the engine-agnostic rollout core), ``backends``
-(generators: scripted, HF transformers, veRL server manager), ``models`` (offline model
-loading), ``grpo`` (single-process GRPO). It imports ``protocol`` only, never
-``tool_server`` or ``tools``.
+``GRPOTrainer`` and ``HFGenerator`` bring torch in when touched. Sub-packages: ``client``
+(batched HTTP client, MCP client), ``parsers`` (tool-call formats), ``templates``
+(observations rendered as token deltas, text and images), ``rollout`` (the engine-agnostic
+rollout core), ``backends`` (generators: scripted, HF transformers; offline model loading),
+``training`` (single-process GRPO), ``verl`` (the AgentLoop plug-in and reward bridge),
+``cli`` (``trainer-client``). It imports ``protocol`` only, never ``tool_server`` or ``tools``.
 """
 
 from __future__ import annotations

@@ -12,14 +12,26 @@ appended to the trajectory token for token (text and images).
 from trainer_client.templates.codec import TokenCodec
 from trainer_client.templates.factory import make_renderer
 from trainer_client.templates.render import (
+    CONTENT_FIELD,
+    FUNCTION_CALL_FORMATS,
+    SEARCH_R1_TEMPLATE,
+    TOOL_SCHEMA_MODES,
     ChatTemplateRenderer,
     ObservationRenderer,
     Splice,
     TextTemplateRenderer,
+    prompt_mentions_tools,
+    prompt_tools,
+    template_renders_tools,
+    tool_names,
 )
 from trainer_client.templates.tools import openai_tool_schemas
 
 __all__ = [
+    "CONTENT_FIELD",
+    "FUNCTION_CALL_FORMATS",
+    "SEARCH_R1_TEMPLATE",
+    "TOOL_SCHEMA_MODES",
     "ChatTemplateRenderer",
     "ObservationRenderer",
     "Splice",
@@ -27,4 +39,8 @@ __all__ = [
     "TokenCodec",
     "make_renderer",
     "openai_tool_schemas",
+    "prompt_mentions_tools",
+    "prompt_tools",
+    "template_renders_tools",
+    "tool_names",
 ]
