@@ -7,16 +7,20 @@ a limit (count, pixels, bytes) fails the call with a message saying which limit.
 
 from __future__ import annotations
 
+import binascii
 import dataclasses
+import functools
+import io
 import operator
-from collections.abc import Iterable
+import struct
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 import pydantic
 
 from protocol import ErrorKind, Result, ToolOutput, VerifyResult
-from protocol.images import image_info
+from protocol.images import JPEG, PNG, ImageInfo, image_info
 from protocol.messages import ErrorInfo
 
 __all__ = ["TRUNCATION_MARKER", "OutputShaper"]
@@ -121,8 +125,10 @@ class OutputShaper:
     def _image_problem(self, content: list[dict[str, Any]]) -> tuple[ErrorKind, str] | None:
         """Why the result's images may not leave the server (None: they may, or there are none).
 
-        Sizes come from each image's header (``protocol.images.image_info``): nothing is
-        decoded. An image cannot be cut like text, so one over a limit fails the whole call.
+        Sizes come from each image's header (``protocol.images.image_info``, bounded work, a
+        header that could give two sizes refused), and where Pillow is installed it must read
+        the same size: no pixel is decoded. An image cannot be cut like text, so one over a
+        limit fails the whole call.
         """
         images = [block for block in content if block.get("type") == "image"]
         if not images:
@@ -137,7 +143,8 @@ class OutputShaper:
                 mime_type = block.get("mimeType")
                 if not isinstance(mime_type, str):  # MCP requires it: clients pick the decoder by it
                     raise ValueError("the block has no mimeType")
-                info = image_info(block.get("data"), mime_type)  # type: ignore[arg-type]
+                data: str = block.get("data")  # type: ignore[assignment]
+                info = image_info(data, mime_type)
             except ValueError as exc:
                 return ErrorKind.TOOL_ERROR, f"image {number} of the result is not a PNG or JPEG image: {exc}"
             what = f"image {number} of the result ({info.mime_type}, {info.width}x{info.height} px, {info.size} bytes)"
@@ -151,7 +158,69 @@ class OutputShaper:
                     f"{what} is over the limit of {self.max_image_bytes} bytes (limits.max_image_bytes); "
                     "return a smaller image or a crop"
                 )
+            disagreement = _decoder_disagrees(data, info)  # last: an image refused anyway is not read twice
+            if disagreement is not None:
+                return ErrorKind.TOOL_ERROR, (
+                    f"image {number} of the result is not a PNG or JPEG image every decoder reads alike: "
+                    f"{disagreement}; return an image written by a standard encoder"
+                )
         return None
+
+
+# PNG chunks Pillow inflates (up to 1 MiB each) while reading a header: none carries a size,
+# so they are left out of what Pillow is shown, or a few KiB of them would stall the loop.
+_INFLATED_PNG_CHUNKS = (b"iCCP", b"zTXt", b"iTXt")
+
+
+@functools.cache
+def _pillow_readers() -> dict[str, Callable[[io.BytesIO], Any]] | None:
+    """Pillow's PNG and JPEG header readers, or None without Pillow (the ``images`` extra)."""
+    try:
+        from PIL import JpegImagePlugin, PngImagePlugin
+    except ImportError:
+        return None
+    return {PNG: PngImagePlugin.PngImageFile, JPEG: JpegImagePlugin.JpegImageFile}
+
+
+def _decoder_disagrees(data: str, info: ImageInfo) -> str | None:
+    """Why Pillow, reading the same header, would not decode a ``info.width`` x ``info.height``
+    image (None: it agrees, or Pillow is not installed).
+
+    A second opinion on ``image_info``'s: the size that counts is the one a decoder
+    allocates. Pillow is shown only the header (up to the PNG IDAT chunk, through the JPEG
+    start of scan), read without decoding pixels.
+    """
+    readers = _pillow_readers()
+    if readers is None:
+        return None
+    try:
+        header = binascii.a2b_base64(data[: -(-info.header // 3) * 4], strict_mode=True)[: info.header]
+    except binascii.Error as exc:  # image_info decoded only the windows holding markers
+        return f"its header is not valid base64 ({exc})"
+    if info.mime_type == PNG:
+        header = _without_inflated_chunks(header)
+    try:
+        with readers[info.mime_type](io.BytesIO(header)) as image:
+            width, height = image.size
+    except Exception as exc:  # noqa: BLE001 (untrusted bytes in a third-party parser: any failure is a refusal)
+        return f"Pillow cannot read its header ({type(exc).__name__}: {exc})"
+    if (width, height) != (info.width, info.height):
+        return f"its header gives {info.width}x{info.height} px, Pillow reads {width}x{height} px"
+    return None
+
+
+def _without_inflated_chunks(header: bytes) -> bytes:
+    """A PNG header (as ``image_info`` walked it, ending at the IDAT chunk's own header)
+    without the chunks Pillow would inflate."""
+    parts = [header[:8]]
+    position = 8
+    while position < len(header):
+        (length,) = struct.unpack(">I", header[position : position + 4])
+        end = position + 12 + length
+        if header[position + 4 : position + 8] not in _INFLATED_PNG_CHUNKS:
+            parts.append(header[position:end])
+        position = end
+    return b"".join(parts)
 
 
 def _as_json(value: Any, limit: int) -> tuple[Any, bytes | None]:
