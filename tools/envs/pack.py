@@ -42,8 +42,10 @@ __all__ = [
     "EnvTool",
     "Gold",
     "GoldCall",
+    "Judge",
     "Pack",
     "PackInfo",
+    "Verdict",
     "dump_pack",
     "load_pack",
 ]
@@ -234,6 +236,27 @@ class EnvTask:
         return cls(**values)
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """A benchmark's own verdict on one trajectory: what its evaluator says, exactly.
+
+    ``reward`` is the number the benchmark reports (τ²: its reward; BFCL: 1.0 when the entry
+    is valid, else 0.0); ``checks`` are its own named checks (e.g. τ²'s ``db``, ``action``,
+    ``communicate``; BFCL's per-turn ``state``/``response``), each in [0, 1]; ``reason`` says
+    why it failed, in the benchmark's words (it may name gold values).
+    """
+
+    reward: float
+    passed: bool
+    checks: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+
+
+# A pack's benchmark evaluator: (task, the trajectory's messages, the calls that ran, the
+# session's final world) -> Verdict. The ``tool_use`` reward in eval mode reports it.
+Judge = Callable[[EnvTask, Sequence[Mapping[str, Any]], Sequence[CallRecord], World | None], Verdict]
+
+
 @dataclass
 class Pack:
     """One environment: tools over a world, its initial state, its tasks.
@@ -252,6 +275,7 @@ class Pack:
     trusted: bool = True
     copier: Callable[[Any], Any] | None = None
     record_state: Callable[[Any], Any] | None = None
+    judge: Judge | None = None  # imported benchmarks: their own evaluator (eval mode's reward)
     _bases: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

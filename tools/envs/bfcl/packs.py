@@ -20,16 +20,16 @@
   and never lets a later turn's calls run early, so no order is safe to claim but this
   one. One task per entry (not per turn prefix) keeps BFCL's unit: the agent lives with
   the consequences of its earlier turns, and no gold output leaks into a prompt.
+* **Verdict**: ``Pack.judge`` is BFCL's own checker (``verdict``), which the ``tool_use``
+  reward reports as its score in eval mode. Schemas are BFCL's, except ``WIDENED``
+  parameters, where BFCL's own data passes another type (its checker enforces none).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import decimal
 import inspect
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
@@ -41,14 +41,15 @@ from bfcl_eval.constants.default_prompts import (
 )
 
 from protocol import ErrorKind, ToolError
+from tools.envs.bfcl.calls import contained
 from tools.envs.bfcl.data import CLASSES, Entry, entries, function_docs, parse_call, to_json_schema
-from tools.envs.bfcl.state import StateOf, api_class, copy_record, scenario
+from tools.envs.bfcl.state import TABLE, StateOf, api_class, copy_record, scenario
+from tools.envs.bfcl.verdict import judge
 from tools.envs.pack import Complexity, EnvTask, EnvTool, Gold, GoldCall, Pack, PackInfo
 from tools.envs.world import World
 
-__all__ = ["READ_ONLY", "TABLE", "pack"]
+__all__ = ["READ_ONLY", "TABLE", "WIDENED", "pack"]
 
-TABLE = "instances"
 # Functions that change nothing a later call or BFCL's state check reads (tests check the
 # latter against every ground-truth call); all others are ``writes``, which the server never
 # retries. So ``cd`` (a private cursor) and the vehicle's speed and weather readings (a
@@ -112,18 +113,32 @@ def pack(category: str = "multi_turn_base") -> Pack:
         policy=PROMPT_STYLE_TEMPLATES["classic"]["multiturn_behavior"],
         copier=copy_record,
         record_state=StateOf(),
+        judge=judge,
     )
 
 
 # --------------------------------------------------------------------------- tools
 
 
+# Parameters whose served schema is wider than BFCL's doc, because BFCL's own data passes
+# other types and BFCL checks none: entry 173 of every category keeps ticket 'ticket_001'
+# (a string id where the doc says integer) and its gold closes it by that id. The methods
+# find a ticket by equality, so any id type works as in BFCL; the description is BFCL's.
+WIDENED: dict[tuple[str, str], list[str]] = {
+    ("TicketAPI", "ticket_id"): ["integer", "string"],
+}
+
+
 def _tool(class_name: str, doc: dict[str, Any]) -> EnvTool:
     name = doc["name"]
+    schema = to_json_schema(doc["parameters"])
+    for parameter, spec in schema["properties"].items():
+        if (class_name, parameter) in WIDENED:
+            spec["type"] = WIDENED[class_name, parameter]
     return EnvTool(
         name=name,
         description=doc["description"],
-        input_schema=to_json_schema(doc["parameters"]),
+        input_schema=schema,
         func=_method_call(class_name, name),
         writes=class_name != "MathAPI" and name not in READ_ONLY,
     )
@@ -148,7 +163,7 @@ def _method_call(class_name: str, method_name: str) -> Callable[..., Any]:
         # mentions list, which mention later extends), and that must be neither the caller's
         # list (a gold call's) nor post_tweet's default [], which every session shares.
         bound.apply_defaults()
-        with _contained():
+        with contained():
             try:
                 result = method(**copy.deepcopy(bound.arguments))
             except Exception as exc:  # BFCL reports these as "Error during execution"
@@ -160,27 +175,6 @@ def _method_call(class_name: str, method_name: str) -> Callable[..., Any]:
 
     run.__name__ = method_name
     return run
-
-
-_ONE_AT_A_TIME = threading.Lock()
-
-
-@contextlib.contextmanager
-def _contained() -> Iterator[None]:
-    """Keep what BFCL's methods set process-wide to the call that set it.
-
-    MathAPI.logarithm sets mpmath's global precision and square_root the thread's decimal
-    precision, for good; long-context get_outside_temperature_from_google writes its answer
-    into a module dict it returns. Other sessions and tools in the server (math-verify's
-    sympy uses mpmath) must not see them: calls run one at a time, in a decimal context of
-    their own, and mpmath's precision is put back.
-    """
-    with _ONE_AT_A_TIME, decimal.localcontext():
-        precision = mpmath.mp.prec
-        try:
-            yield
-        finally:
-            mpmath.mp.prec = precision
 
 
 def _refusal(result: Any) -> str | None:

@@ -24,7 +24,9 @@ from typing import Any
 from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING, STATELESS_CLASSES
 from bfcl_eval.eval_checker.multi_turn_eval.func_source_code.gorilla_file_system import Directory, File
 
-__all__ = ["StateOf", "api_class", "comparable", "copy_record", "load_instance", "scenario"]
+__all__ = ["TABLE", "StateOf", "api_class", "comparable", "copy_record", "load_instance", "scenario"]
+
+TABLE = "instances"  # the World table holding one instance (or scenario) per class
 
 
 @cache

@@ -46,12 +46,22 @@ Components (floats in [0, 1] unless marked as a count):
   ``world.calls``), except those matched to a gold call that fails in the replay too;
   ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
 
+``details`` explain the components. With ``reveal_gold=False`` (the server passes it for a
+caller that may not see gold: a token scoped to some toolsets) they hold no gold value: no
+gold argument, output, answer or communicate string, no tool name a gold call uses, and
+the state differences and missing communicate strings only as counts
+(``details["gold_hidden"]`` says so).
+
 Two combinations (``score``): ``mode="eval"`` is the product of the components the task
 names in ``task.reward_basis`` (τ²-style all or nothing; names are case-insensitive, and
 τ²'s ``DB``/``ACTION``/``COMMUNICATE`` mean ``state``/``calls``/``communicate``);
 ``mode="train"`` is Σ weight·component over ``DEFAULT_WEIGHTS`` (or ``weights``, which
 replaces them: components it does not name weigh 0), clipped to [0, 1]. A gold replay
-scores 1.0 in both.
+scores 1.0 in both. On an imported benchmark's pack (``Pack.judge``: BFCL, τ²), eval mode's
+score is instead the benchmark's own verdict on the trajectory, exactly (BFCL: its
+multi-turn checker, 1.0 or 0.0); it is also the component ``benchmark``, its checks are
+``benchmark_<check>``, ``details["benchmark"]`` says whether it passed and why not, and
+every finer component above stays as it is (for training, or to read beside the verdict).
 """
 
 from __future__ import annotations
@@ -406,12 +416,18 @@ def _candidates(
 
 
 def _why_unmatched(
-    view: _PackView, task_view: _TaskView, g: int, calls: Sequence[CallRecord], blocked: bool
+    view: _PackView,
+    task_view: _TaskView,
+    g: int,
+    calls: Sequence[CallRecord],
+    blocked: bool,
+    reveal_gold: bool,
 ) -> str:
     gold = task_view.golds[g]
+    tool = gold.name if reveal_gold else "its tool"  # which tool the gold uses is gold too
     same_name = [i for i, c in enumerate(calls) if c.name == gold.name]
     if not same_name:
-        return f"no call to {gold.name}"
+        return f"no call to {tool}"
     if blocked:
         deps = ", ".join(task_view.golds[d].id for d in task_view.deps[g])
         return (
@@ -421,23 +437,22 @@ def _why_unmatched(
     for i in same_name:
         difference = argument_difference(calls[i].arguments, gold.arguments, gold.compare, properties)
         if difference is not None:
-            return f"call {i}: {difference}"
+            return f"call {i}: {difference if reveal_gold else 'its arguments differ from the gold call'}"
     if task_view.gold_fails[g]:
-        return (
-            f"the gold call fails in the replay, but every call to {gold.name} with its arguments succeeded"
-        )
-    return f"every call to {gold.name} with its arguments failed"
+        return f"the gold call fails in the replay, but every call to {tool} with its arguments succeeded"
+    return f"every call to {tool} with its arguments failed"
 
 
 def _state_components(
-    pack: Pack, task_view: _TaskView, world: World | None
+    pack: Pack, task_view: _TaskView, world: World | None, reveal_gold: bool = True
 ) -> tuple[float, float, dict[str, Any]]:
     """Exact match and ``World.matching_fraction`` against the gold world, from one pass.
 
     World.differences and matching_fraction would each recompute both worlds' changed
     records; the gold world's are computed once per task, the session's once here. The
     comparison reads records by value, so it also works for a world built over another
-    copy of the same base (a reloaded pack), where World.differences refuses.
+    copy of the same base (a reloaded pack), where World.differences refuses. Without
+    ``reveal_gold``, the differences are only counted: their keys name records the gold wrote.
     """
     if world is None:
         return 0.0, 0.0, {"error": "no world: the session is gone (expired or released)"}
@@ -455,6 +470,8 @@ def _state_components(
             differences.append((name, key))
     fraction = 1.0 - len(differences) / len(changed) if changed else 1.0
     exact = 0.0 if differences else 1.0
+    if not reveal_gold:
+        return exact, fraction, {"differences": len(differences)}
     return exact, fraction, {"differences": [list(d) for d in differences[:_DETAIL_LIMIT]]}
 
 
@@ -491,8 +508,13 @@ def score(
     *,
     mode: str = "train",
     weights: Mapping[str, float] | None = None,
+    reveal_gold: bool = True,
 ) -> VerifyResult:
-    """Every component of the ``tool_use`` reward, and their combination for ``mode``."""
+    """Every component of the ``tool_use`` reward, and their combination for ``mode``.
+
+    ``reveal_gold=False``: ``details`` without gold values (see the module's docstring);
+    the score and components are the same.
+    """
     if mode not in MODES:
         raise ValueError(f"tool_use mode must be one of {MODES}, got {mode!r}")
     plan = _weights(weights) if mode == "train" else None
@@ -527,16 +549,17 @@ def score(
     solved_calls: set[int] = set()
     for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True)):
         if c < 0:
-            why = _why_unmatched(view, task_view, g, calls, matching.blocked[g])
+            why = _why_unmatched(view, task_view, g, calls, matching.blocked[g], reveal_gold)
             unmatched.append({"gold": golds[g].id, "why": why})
             continue
         matches[golds[g].id] = c
         if s:
             solved_calls.add(c)
         else:
-            not_solved.append(
-                {"gold": golds[g].id, "call": c, "output": calls[c].output, "gold_output": golds[g].output}
-            )
+            entry = {"gold": golds[g].id, "call": c, "output": calls[c].output}
+            if reveal_gold:
+                entry["gold_output"] = golds[g].output
+            not_solved.append(entry)
     matched, solved = len(matches), len(solved_calls)
     used = set(matches.values())
     failed = [i for i, c in enumerate(calls) if c.error is not None and i not in used]
@@ -549,7 +572,7 @@ def score(
     if f1_step is None:
         f1_step = no_calls
 
-    state, state_fraction, state_details = _state_components(pack, task_view, world)
+    state, state_fraction, state_details = _state_components(pack, task_view, world, reveal_gold)
 
     text = final_text(request)
     answer_text, tagged = extract_answer(text)
@@ -584,6 +607,11 @@ def score(
         combined = min(1.0, max(0.0, total))
     else:
         combined = math.prod(components[name] for name in basis or ())
+    verdict = pack.judge(task, messages, calls, world) if mode == "eval" and pack.judge is not None else None
+    if verdict is not None:  # an imported benchmark: its own evaluator's number is the reward
+        combined = verdict.reward
+        components["benchmark"] = verdict.reward
+        components.update({f"benchmark_{name}": value for name, value in verdict.checks.items()})
 
     details: dict[str, Any] = {
         "mode": mode,
@@ -603,6 +631,10 @@ def score(
         "answer": {"answer": answer_text, "tagged": tagged, "gold": task_view.answer},
         "communicate_missing": missing,
     }
+    if verdict is not None:
+        details["benchmark"] = {"passed": verdict.passed, "reason": verdict.reason if reveal_gold else None}
+    if not reveal_gold:
+        _hide_gold(details)
     if not matching.exact:
         details["matching"] = f"search stopped after {matching.steps} steps: best matching found so far"
     if plan is not None:
@@ -610,6 +642,16 @@ def score(
     else:
         details["basis"] = basis
     return VerifyResult(combined, components, details)
+
+
+def _hide_gold(details: dict[str, Any]) -> None:
+    """Take the gold answer and the communicate strings missed (as a count) out of
+    ``details``; ``unmatched``, ``not_solved`` and ``state`` are built without gold values."""
+    del details["answer"]["gold"]
+    details["communicate_missing"] = len(details["communicate_missing"])
+    details["gold_hidden"] = (
+        "gold values are left out: this token may not see gold (a token for every toolset may)"
+    )
 
 
 def _weights(weights: Mapping[str, float] | None) -> dict[str, float]:
