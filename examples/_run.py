@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,12 @@ def add_schedule_options(
     parser.add_argument("--eval-every", type=int, default=eval_every, help="0: at the start and the end only")
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--threads", type=int, default=threads, help="torch threads")
+    parser.add_argument(
+        "--engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="rollouts on hf (in process) or vllm (.venv-vllm)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-minutes", type=float, default=None)
     parser.add_argument("--pilot", action="store_true", help="3 steps, 16 held-out problems")
@@ -90,6 +96,8 @@ def schedule_flags(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
     if args.max_minutes:
         flags += ["--max-minutes", str(args.max_minutes)]
+    if args.engine != "hf":
+        flags += ["--engine", args.engine]  # the trainer starts vLLM and pushes weights each step
     return flags
 
 
@@ -111,6 +119,9 @@ def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
         cwd=REPO,
         stdout=log,
         stderr=subprocess.STDOUT,
+        # Its own process group: a terminal's Ctrl-C reaches the run alone, which releases its
+        # sessions and then stops the server here.
+        process_group=0,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -135,11 +146,19 @@ def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
 
 
 def run_trainer(argv: list[str]) -> int:
-    """``trainer-client train`` with ``argv`` (printed first, so the run can be repeated by hand)."""
+    """``trainer-client train`` with ``argv`` (printed first, so the run can be repeated by hand).
+
+    Ctrl-C (or SIGTERM, see ``exit_on_sigterm``): the trainer's ``asyncio.run`` cancels the
+    run, which stops generating and releases its sessions; 130 then, not a traceback.
+    """
     from trainer_client.cli import train as train_cli
 
     print("trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in argv), flush=True)
-    return train_cli.main(argv)
+    try:
+        return train_cli.main(argv)
+    except KeyboardInterrupt:
+        print("interrupted: the steps that finished are in metrics.jsonl", file=sys.stderr, flush=True)
+        return 130
 
 
 def publish(out: Path, name: str) -> None:
@@ -158,10 +177,25 @@ def publish(out: Path, name: str) -> None:
 
 
 def exit_on_sigterm() -> None:
-    """SIGTERM (kill PID) unwinds like Ctrl-C, so the run's tool server is stopped too."""
+    """SIGTERM (kill PID) does what Ctrl-C does where the run is, so the run's tool server is
+    stopped too: inside ``asyncio.run`` its handler cancels the run (generation stops, sessions
+    are released); elsewhere Python's raises KeyboardInterrupt."""
 
-    def handler(signum: int, _frame: object) -> None:
+    def handler(signum: int, frame: Any) -> None:
         print(f"received signal {signum}; stopping", file=sys.stderr, flush=True)
-        sys.exit(128 + signum)
+        on_interrupt = signal.getsignal(signal.SIGINT)
+        if not callable(on_interrupt):  # SIGINT ignored (started in the background): stop anyway
+            raise KeyboardInterrupt
+        on_interrupt(signal.SIGINT, frame)
 
     signal.signal(signal.SIGTERM, handler)
+
+
+def main_interruptible(main: Callable[[], int]) -> int:
+    """``main()``, with Ctrl-C outside the training itself (building data, starting the server)
+    ending the run with one line and 130 instead of a traceback."""
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return 130

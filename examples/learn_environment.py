@@ -45,6 +45,7 @@ sys.path.insert(0, str(REPO / "examples"))
 from _run import (  # noqa: E402
     add_schedule_options,
     exit_on_sigterm,
+    main_interruptible,
     parse_schedule,
     publish,
     run_trainer,
@@ -145,4 +146,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_interruptible(main))

@@ -8,20 +8,23 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tool_server.api.auth import AuthMiddleware, BodyLimitMiddleware, load_tokens
+from tool_server.api.auth import AuthMiddleware, BodyLimitMiddleware, bound_addresses, load_tokens
 from tool_server.api.mcp import McpEndpoint
+from tool_server.api.origin import HostPolicy, RequestOriginMiddleware
 from tool_server.api.retrieve import RetrieveEndpoint
 from tool_server.api.routes import HttpApi, error_response
 from tool_server.config import Config, ConfigError
 from tool_server.executor.executor import Executor
 from tool_server.metrics import Metrics
 from tool_server.registry import Registry
+from tool_server.sandbox_mode import log_mode, probe, sandbox_users
 
 log = logging.getLogger("tool_server")
 
@@ -81,7 +84,11 @@ def upstream_entries(config: Config) -> dict[str, Any]:
 def create_app(
     config: Config, *, bind_host: str | None = None, environ: dict[str, str] | None = None
 ) -> Starlette:
-    """The whole server as one ASGI app. ``bind_host`` decides the MCP Host checks."""
+    """The whole server as one ASGI app. ``bind_host`` decides the Host checks (RequestOriginMiddleware).
+
+    ``tool-server serve`` may have probed the sandbox already (``app.state.sandbox_mode``);
+    otherwise the lifespan does, when a served tool runs untrusted code in it.
+    """
     bind_host = config.server.host if bind_host is None else bind_host
     configure_sandbox(config)
     registry = build_registry(config)
@@ -89,6 +96,9 @@ def create_app(
     executor = Executor(registry, config, metrics)
     api = HttpApi(executor, default_toolset=config.default_toolset, retry_after_s=config.limits.retry_after_s)
     tokens = load_tokens(config.auth, environ)
+    # mcp.allowed_hosts named the hosts of /mcp before every route checked Host: they stay good.
+    allowed_hosts = [*config.server.allowed_hosts, *config.mcp.allowed_hosts]
+    hosts = HostPolicy.build(bound_addresses(bind_host), allowed_hosts, tokens=bool(tokens))
     upstreams = _upstreams(build_upstreams(config), registry, config.default_toolset)
     # Starlette tries routes in order: the hot ones (/v1/calls, then MCP) come first.
     calls_route, *other_routes = api.routes()
@@ -98,6 +108,8 @@ def create_app(
         routes += [
             Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),
             Route("/mcp/{toolset}", mcp.asgi, methods=["GET", "POST", "DELETE"]),
+            # A session in the URL: a world for MCP clients that cannot set _meta (api/mcp.py).
+            Route("/mcp/{toolset}/s/{session}", mcp.asgi, methods=["GET", "POST", "DELETE"]),
         ]
     routes += other_routes
     if config.retrieve.tool and config.retrieve.tool in registry:
@@ -112,9 +124,15 @@ def create_app(
         routes += workbench.routes()
         public_paths += workbench.public_paths  # the page's static files; its data needs the token
 
+    sandboxed = sandbox_users(registry)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await executor.start()
+        if sandboxed:
+            mode = getattr(app.state, "sandbox_mode", None) or await anyio.to_thread.run_sync(probe)
+            log_mode(mode, sandboxed)
+            api.sandbox = mode.summary(sandboxed)
         if upstreams is not None:
             # In the background: /healthz answers now, each upstream's tools join as it comes up.
             await upstreams.start()
@@ -156,6 +174,7 @@ def create_app(
         middleware=[
             Middleware(BodyLimitMiddleware, max_bytes=config.limits.max_request_bytes),
             Middleware(AuthMiddleware, tokens=tokens, public_paths=public_paths),
+            Middleware(RequestOriginMiddleware, policy=hosts),
         ],
         lifespan=lifespan,
         exception_handlers={Exception: on_error},
@@ -163,6 +182,7 @@ def create_app(
     app.state.executor = executor
     app.state.registry = registry
     app.state.tokens = tokens
+    app.state.sandbox_users = sandboxed
     return app
 
 

@@ -13,7 +13,9 @@ from typing import Any
 import orjson
 
 from tool_server.api.auth import all_loopback, bound_addresses, load_tokens
-from tool_server.config import DEFAULT_CONFIG_PATH, ConfigError, load_config
+from tool_server.api.origin import HostPolicy
+from tool_server.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
+from tool_server.registry import ALL_TOOLSETS, Registry
 
 
 def _add_config_arg(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tools = sub.add_parser("tools", help="list the configured tools and their schemas as JSON")
     _add_config_arg(tools)
-    tools.add_argument("--toolset", default=None, help="only this toolset")
+    tools.add_argument("--toolset", default=None, help="only this toolset ('*' or none given: every tool)")
     tools.add_argument(
         "--probe",
         action="store_true",
@@ -86,8 +88,14 @@ def main(argv: list[str] | None = None) -> int:
 
         registry = build_registry(config)
         upstreams = build_upstreams(config)  # the same checks as serve: keys, ${VAR}s, names
+        _check_as_serve(config, registry)
         report = _probe(upstreams, registry, config.default_toolset) if args.probe else []
         if args.command == "tools":
+            if args.toolset not in (None, ALL_TOOLSETS, *registry.toolsets):
+                known = ", ".join(sorted(registry.toolsets)) or "none"
+                raise ConfigError(
+                    f"--toolset: no toolset named {args.toolset!r}; known toolsets: {known}, '*'"
+                )
             sys.stdout.write(
                 orjson.dumps(registry.descriptors(args.toolset), option=orjson.OPT_INDENT_2).decode()
             )
@@ -106,6 +114,26 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"tool-server: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+def _check_as_serve(config: Config, registry: Registry) -> None:
+    """Refuse what ``serve`` refuses beyond the registry and the upstreams (checked by the
+    caller): the parts ``create_app`` builds from the config, in this environment (tokens from
+    $TOOLFACTORY_TOKENS or auth.tokens_file), without starting anything."""
+    from tool_server.api.routes import HttpApi
+    from tool_server.executor.executor import Executor
+
+    tokens = load_tokens(config.auth)  # a short token, a missing tokens_file
+    allowed_hosts = [*config.server.allowed_hosts, *config.mcp.allowed_hosts]
+    HostPolicy.build([], allowed_hosts, tokens=bool(tokens))  # spelling; "*" needs tokens
+    executor = Executor(registry, config)  # per-tenant shares of calls and sessions
+    if config.workbench.enabled:  # its index limits and tokenizer file
+        from tool_server.workbench.routes import Workbench
+
+        api = HttpApi(
+            executor, default_toolset=config.default_toolset, retry_after_s=config.limits.retry_after_s
+        )
+        Workbench(config, api, token_required=bool(tokens)).close()
 
 
 def _left_out(upstreams: list[Any]) -> str:
@@ -195,6 +223,16 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
     app = create_app(config, bind_host=host)
+    if not all_loopback(addresses) and not config.server.allow_weak_sandbox and app.state.sandbox_users:
+        # Before the port opens: code a model wrote must not be reachable from the network
+        # with only the weak sandbox unless the operator said so (tool_server/sandbox_mode.py).
+        from tool_server.sandbox_mode import probe, weak_exposure
+
+        app.state.sandbox_mode = mode = probe()  # the lifespan logs it
+        refusal = weak_exposure(mode, app.state.sandbox_users, f"{host!r} ({', '.join(addresses)})")
+        if refusal is not None:
+            print(f"tool-server: {refusal}", file=sys.stderr)
+            return 2
     tune_gc(config.server.gc_threshold)
     from tool_server.api.connections import guarded_protocol, limits_from_config
 

@@ -8,8 +8,9 @@ scalars, so numbers and booleans keep their type.
 
 from __future__ import annotations
 
+import importlib
 import os
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, get_type_hints
 
@@ -17,6 +18,7 @@ import yaml
 
 import tools  # noqa: F401  (registers the old paths of moved tool modules: protocol.moved)
 from protocol.moved import current_name
+from protocol.tool import get_tool_meta
 
 DEFAULT_CONFIG_PATH = Path(__file__).parent / "configs" / "default.yaml"
 ENV_PREFIX = "TOOLFACTORY__"
@@ -65,8 +67,13 @@ class CacheConfig:
 
 @dataclass
 class SessionsConfig:
-    ttl_s: float = 900.0  # idle time after which a session is closed
+    # Idle time after which a session is closed: a call or a renewal (POST /v1/sessions/renew,
+    # sent by the trainer client for live trajectories every ttl_s / 3) restarts it.
+    ttl_s: float = 900.0
     max_sessions: int = 10_000
+    # Open sessions one token (tenant) may hold. None: 3/4 of max_sessions (all of them for a
+    # server without tokens: one tenant)
+    max_sessions_per_tenant: int | None = None
     sweep_interval_s: float = 10.0
 
 
@@ -90,6 +97,12 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     insecure: bool = False  # allow a non-loopback bind without auth tokens
+    # Host names (besides the loopback names and the bound addresses) requests may carry:
+    # "name" (any port) or "name:port"; "*" (only with tokens): any. Others get 421 (DNS rebinding).
+    allowed_hosts: list[str] = field(default_factory=list)
+    # Serve untrusted code (python, code_tests, built packs) beyond loopback even when the
+    # sandbox could only set up its weak fallback (no mount namespace or no uid of its own).
+    allow_weak_sandbox: bool = False
     shutdown_grace_s: float = 20.0  # in-flight calls get this long to finish on SIGTERM
     log_level: str = "info"
     # Allocations between young-generation garbage collections (Python's default: 700).
@@ -112,7 +125,9 @@ class ToolSpec:
     target: str  # "package.module:function" or "package.module:Class"
     name: str | None = None  # defaults to the tool's own name
     args: dict[str, Any] = field(default_factory=dict)  # constructor kwargs for a class
-    toolsets: list[str] = field(default_factory=list)
+    # Not given: the default toolset (default_toolset), so a new tool is on /mcp and /v1/tools
+    # as a newcomer expects; [] puts it in none (callable by name, listed under toolset=*).
+    toolsets: list[str] | None = None
     timeout_s: float | None = None
     max_concurrency: int | None = None
     cacheable: bool | None = None
@@ -160,6 +175,12 @@ class WorkbenchConfig:
     # A tokenizer (tokenizer.json, or a directory holding one) to show each token's text in a
     # trajectory; without one the UI shows token ids inside each decoded segment.
     tokenizer: str | None = None
+    # The trajectory index (tool_server/workbench/files.py, ~110 bytes a line): lines indexed
+    # per file (later ones are not listed, and the page says so), and the memory of all files'
+    # indexes together (the least recently used go first; a file that alone needs more is
+    # indexed up to it). At least 1 MiB.
+    index_max_lines: int = 1_000_000
+    index_max_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass
@@ -224,7 +245,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         (item_type,) = annotation.__args__
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list, got {type(value).__name__}")
-        return [_coerce(v, item_type, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item_type, _item_where(v, where, i)) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
@@ -246,6 +267,10 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         raise ConfigError(
             f"{where or 'config'}: unknown key(s) {sorted(unknown)}; known keys: {sorted(known)}"
         )
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if data.get(name) is None]
+    if missing:
+        raise ConfigError(f"{where or 'config'}: missing key(s) {missing}{_MISSING_HINTS.get(cls, '')}")
     kwargs = {}
     for key, value in data.items():
         annotation = hints[key]
@@ -256,6 +281,47 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
         path = f"{where}.{key}" if where else key
         kwargs[key] = None if value is None else _coerce(value, annotation, path)
     return cls(**kwargs)
+
+
+_MISSING_HINTS: dict[type, str] = {
+    ToolSpec: " (the tool's import path, e.g. target: my_package.tools:lookup)",
+}
+
+
+class _Located(dict):  # type: ignore[type-arg]
+    """A mapping read from a config file that knows where: ``file:line``, for error messages."""
+
+    where: str | None = None
+
+
+def _located(mapping: dict[str, Any], where: str | None) -> dict[str, Any]:
+    located = _Located(mapping)
+    located.where = where
+    return located
+
+
+def _where_of(value: Any) -> str | None:
+    return value.where if isinstance(value, _Located) else None
+
+
+def _item_where(value: Any, where: str, index: int) -> str:
+    """A list item's place in messages: the user's file and line when it came from one (an
+    index into a merged list names a position the user never wrote)."""
+    located = _where_of(value)
+    return f"{located}: {where}" if located else f"{where}[{index}]"
+
+
+def _yaml_loader(source: Path) -> type[yaml.SafeLoader]:
+    """A safe loader whose mappings remember their line in ``source``."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[str, Any]:
+        return _located(loader.construct_mapping(node, deep=True), f"{source}:{node.start_mark.line + 1}")
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return Loader
 
 
 def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> None:
@@ -275,7 +341,7 @@ def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> None:
         node[path[-1]] = yaml.safe_load(raw) if raw != "" else None
 
 
-# Lists of tool entries merge by entry (name, else target) instead of being replaced.
+# Lists of tool entries merge entry by entry (by name, else by target) instead of being replaced.
 MERGED_LISTS = ("tools", "verifiers")
 
 
@@ -284,9 +350,8 @@ def _merge(
 ) -> dict[str, Any]:
     """Deep-merge mappings; scalars and plain lists in ``override`` replace the base's.
 
-    ``tools`` and ``verifiers`` (at the top level) merge entry by entry: an entry whose
-    name (or target, when it has no name) is in the base updates that entry, any other is
-    added. A file lists them in ``replace: [tools]`` to replace the base's list instead.
+    ``tools`` and ``verifiers`` (at the top level) merge entry by entry (``_merge_entries``).
+    A file lists them in ``replace: [tools]`` to replace the base's list instead.
     """
     merged = dict(base)
     for key, value in override.items():
@@ -296,7 +361,7 @@ def _merge(
             and isinstance(merged.get(key), list)
             and isinstance(value, list)
         ):
-            merged[key] = _merge_entries(merged[key], value)
+            merged[key] = _merge_entries(merged[key], value, key)
         elif isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = _merge(merged[key], value)
         else:
@@ -304,34 +369,101 @@ def _merge(
     return merged
 
 
-def _entry_key(entry: Any) -> Any:
-    """An entry's name, else its target with a moved module's old path read as the new one."""
-    if not isinstance(entry, dict):
+def _target_key(target: Any) -> str | None:
+    """A target with a moved module's old path read as the new one (both name one tool)."""
+    if not isinstance(target, str):
         return None
-    target = entry.get("target")
-    if entry.get("name") or not isinstance(target, str):
-        return entry.get("name") or target
     module, sep, attribute = target.partition(":")
     return current_name(module) + sep + attribute
 
 
-def _merge_entries(base: list[Any], override: list[Any]) -> list[Any]:
+def _served_name(entry: dict[str, Any]) -> str | None:
+    """The name a base entry's tool is served under: its ``name``, else the name its target
+    gives itself (``@tool(name=...)``, else the function or class name), as the registry
+    derives it. None when the target does not import: nothing can name it then."""
+    if entry.get("name"):
+        return str(entry["name"])
+    target = _target_key(entry.get("target"))
+    if target is None:
+        return None
+    module_name, _, attribute = target.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return get_tool_meta(found).name or getattr(found, "__name__", None)
+
+
+def _merge_entries(base: list[Any], override: list[Any], key: str = "tools") -> list[Any]:
+    """The base's entries updated by the file's, in place; the file's other entries added.
+
+    A file's entry updates the base entry serving the tool it names (``name: sql``; a built-in
+    entry has no ``name``, so its tool's own name counts), else the one with its ``target``
+    (then a ``name`` renames it). Each base entry is updated by one entry of the file at most:
+    a second entry with the same target is a second tool. ``enabled: false`` drops a tool.
+    """
     merged = list(base)
-    positions = {_entry_key(e): i for i, e in enumerate(merged) if _entry_key(e) is not None}
+    served: dict[int, str | None] = {}  # base position -> served name, imported on first need
+    claimed: set[int] = set()
     for entry in override:
-        key = _entry_key(entry)
-        if key is not None and key in positions:
-            merged[positions[key]] = {**merged[positions[key]], **entry}
-        else:
+        position = _base_position(base, entry, served, claimed, key) if isinstance(entry, dict) else None
+        if position is None:
+            if isinstance(entry, dict) and (entry.get("target") is None or entry.get("enabled") is False):
+                _refuse_unmatched(base, entry, key)
             merged.append(entry)
+            continue
+        claimed.add(position)
+        where = _where_of(entry) or _where_of(base[position])  # the user's line, for error messages
+        merged[position] = _located({**base[position], **entry}, where)
     return merged
+
+
+def _refuse_unmatched(base: list[Any], entry: dict[str, Any], key: str) -> None:
+    """An entry that can only change a base entry (no target, or ``enabled: false``) but
+    matches none: say so, rather than add a tool that cannot load or drops nothing."""
+    known = sorted(filter(None, (_served_name(e) for e in base if isinstance(e, dict))))
+    what = (
+        f"no tool named {entry['name']!r}"
+        if entry.get("name")
+        else f"no tool with target {entry.get('target')}"
+    )
+    raise ConfigError(
+        f"{_where_of(entry) or key}: this {key} entry changes a tool of the base file, but the base "
+        f"serves {what} (its {key}: {', '.join(known) or 'none'}). Name one of those (name: or target:) "
+        "to change or drop it, or give a target (and no enabled: false) to add a new one"
+    )
+
+
+def _base_position(
+    base: list[Any], entry: dict[str, Any], served: dict[int, str | None], claimed: set[int], key: str
+) -> int | None:
+    """The position of the base entry ``entry`` updates, or None (it is added)."""
+    candidates = [(i, e) for i, e in enumerate(base) if isinstance(e, dict) and i not in claimed]
+    name = entry.get("name")
+    if isinstance(name, str) and name:
+        for i, base_entry in candidates:
+            if i not in served:
+                served[i] = _served_name(base_entry)
+            if served[i] == name:
+                return i
+    target = _target_key(entry.get("target"))
+    same = [i for i, base_entry in candidates if target and _target_key(base_entry.get("target")) == target]
+    if len(same) > 1:
+        names = ", ".join(repr(served.get(i) or _served_name(base[i])) for i in same)
+        raise ConfigError(
+            f"{_where_of(entry) or key}: the base file serves {target} {len(same)} times ({names}); "
+            "add name: to say which one this entry changes"
+        )
+    return same[0] if same else None
 
 
 def _read_yaml(source: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if source.resolve() in seen:
         raise ConfigError(f"config file {source} extends itself (cycle: {' -> '.join(map(str, seen))})")
     try:
-        data = yaml.safe_load(source.read_text()) or {}
+        data = yaml.load(source.read_text(), Loader=_yaml_loader(source)) or {}  # a SafeLoader subclass
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {source}") from None
     except yaml.YAMLError as exc:
@@ -362,5 +494,11 @@ def config_from_dict(data: dict[str, Any], environ: dict[str, str] | None = None
     data = dict(data)
     _apply_env(data, dict(os.environ) if environ is None else environ)
     config = _build(Config, data, "")
+    for spec in config.tools:  # toolsets not given: the default one (None there: every tool is listed)
+        if spec.toolsets is None:
+            spec.toolsets = [config.default_toolset] if config.default_toolset else []
+    for spec in config.verifiers:  # verifiers are in the verifiers toolset anyway
+        if spec.toolsets is None:
+            spec.toolsets = []
     config.sandbox.uids()  # a bad uid range fails here, not at the first python session
     return config

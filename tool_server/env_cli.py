@@ -1,4 +1,4 @@
-"""``tool-server env``: list, show, validate, export and build environment packs.
+"""``tool-server env``: list, show, validate, export and build environment packs; score rollouts.
 
 A pack is named by its id in the config's ``environments``, or given directly as a pack
 directory or a ``module:callable`` source (with ``--arg key=value`` for its arguments).
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,16 @@ whose keyword arguments are given with --arg key=value (values are YAML: 3, true
   export    write a pack as a directory (pack.yaml, state.json, tasks.jsonl)
   build     build a new pack from a scenario with a model behind an OpenAI-compatible
             endpoint (--scenario TEXT --model URL --out DIR); see docs/environments.md
+  score     the benchmark's own metrics over rollout files of imported packs, as its
+            leaderboard shows them: τ²-bench's average reward and pass^k (k samples per
+            task), BFCL's accuracy per multi-turn category; the trajectories must have been
+            verified with tool_use in eval mode (its reward is the benchmark's verdict)
 """
+
+SCORE_HINT = (
+    "score rollouts of an imported pack with its benchmark's verdict: trainer-client rollout ... "
+    '--verifier tool_use --verifier-args \'{"mode": "eval"}\''
+)
 
 
 def add_env_parser(sub: Any, add_config_arg: Any) -> None:
@@ -90,6 +100,20 @@ def add_env_parser(sub: Any, add_config_arg: Any) -> None:
                 help="the module whose TOOLS the directory's pack.yaml names (default: the module "
                 "that defines the pack's tools, if it exports TOOLS)",
             )
+    score = commands.add_parser(
+        "score",
+        help="the benchmark's own metrics over rollout files (τ²: pass^k; BFCL: accuracy per category)",
+        description="The benchmark's own metrics over trajectories of imported packs (trainer-client "
+        "rollout JSONL, verified with tool_use in eval mode), as its leaderboard shows them: τ²-bench "
+        "reports the average reward and pass^k for k = 1 .. the fewest samples of any task; BFCL the "
+        "accuracy per multi-turn category and their unweighted mean.",
+    )
+    add_config_arg(score)
+    score.add_argument("rollouts", nargs="+", type=Path, help="trainer-client rollout JSONL files")
+    score.add_argument(
+        "--pack", default=None, help="only the trajectories of this pack id (e.g. tau2-retail)"
+    )
+    score.add_argument("--json", action="store_true", help="print JSON")
     build = commands.add_parser(
         "build",
         help="build a new pack from a scenario with a model (five checked stages)",
@@ -106,6 +130,8 @@ def run_env(args: argparse.Namespace, config: Config) -> int:
         return run_build(args)
     if args.env_command == "list":
         return _list(config, args.json)
+    if args.env_command == "score":
+        return _score(args.rollouts, args.pack, args.json)
     pack = _pack(config, args.pack, args.arg)
     if args.env_command == "show":
         return _show(pack, args.json)
@@ -274,6 +300,99 @@ def _validate(pack: Pack, *, quiet: bool, allow_failing_gold: bool) -> int:
         + (f"; {len(failing_gold)} gold calls fail in the replay (allowed)" if failing_gold else "")
     )
     return 1 if failed else 0
+
+
+def _score(paths: list[Path], only: str | None, as_json: bool) -> int:
+    """Print the benchmarks' metrics of the trajectories in ``paths`` (see ``score --help``)."""
+    verdicts: dict[str, list[tuple[str, float]]] = defaultdict(list)  # pack -> (task, reward)
+    failed: Counter[str] = Counter()
+    for path in paths:
+        for where, record in _records(path):
+            truth = record.get("ground_truth")
+            if not isinstance(truth, dict) or not isinstance(truth.get("pack"), str) or "task" not in truth:
+                raise ConfigError(f"{where}: its ground_truth names no environment task ({{pack, task}})")
+            pack = truth["pack"]
+            if only is not None and pack != only:
+                continue
+            components = record.get("reward_components") or {}
+            if "benchmark" in components:
+                reward = float(components["benchmark"])
+            elif record.get("reward") is None:  # verification failed: a failed sample scores 0 (τ², BFCL)
+                reward = 0.0
+                failed[pack] += 1
+            else:
+                raise ConfigError(
+                    f"{where}: its reward is not a benchmark's verdict (no 'benchmark' component); {SCORE_HINT}"
+                )
+            verdicts[pack].append((str(truth["task"]), reward))
+    if not verdicts:
+        raise ConfigError(f"no trajectories{f' of {only}' if only else ''} in {', '.join(map(str, paths))}")
+    tau2 = {pack: pairs for pack, pairs in verdicts.items() if pack.startswith("tau2-")}
+    others = sorted(set(verdicts) - set(tau2))
+    bfcl = _bfcl_leaderboard({pack: verdicts[pack] for pack in others}) if others else None
+    scores = [_tau2_score(pack, pairs) for pack, pairs in sorted(tau2.items())]
+    if as_json:
+        out: dict[str, Any] = {"tau2": [asdict(s) for s in scores], "failed_samples": dict(failed)}
+        if bfcl is not None:
+            out["bfcl"] = {
+                "overall": bfcl.overall,
+                "categories": {c: {**asdict(s), "accuracy": s.accuracy} for c, s in bfcl.categories.items()},
+            }
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode())
+        return 0
+    if scores:
+        print("τ²-bench: average reward and pass^k (k of each task's trials all succeed)")
+        for score in scores:
+            print(score.table())
+    if bfcl is not None:
+        print("BFCL multi-turn: accuracy per category (the leaderboard's columns)")
+        print(bfcl.table())
+    for pack, count in sorted(failed.items()):
+        print(
+            f"{pack}: {count} trajectories were not verified; they score 0 (a failed sample, as the benchmark counts it)"
+        )
+    return 0
+
+
+def _records(path: Path) -> Any:
+    """(where, record) of each line of a rollout JSONL."""
+    try:
+        handle = open(path.expanduser(), "rb")  # noqa: SIM115 - closed below, after the generator's use
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if line.strip():
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{number} is not valid JSON: {exc}") from None
+                if not isinstance(record, dict):
+                    raise ConfigError(f"{path}:{number} is not a trajectory record (a JSON object)")
+                yield f"{path}:{number}", record
+
+
+def _tau2_score(pack: str, pairs: list[tuple[str, float]]) -> Any:
+    from tools.envs.tau2.metrics import tau2_score
+    from tools.envs.tau2.packs import task_ids
+
+    domain, _, split = pack.removeprefix("tau2-").partition("-")
+    try:
+        total: int | None = len(task_ids(domain, split or None))
+    except ValueError:  # not a domain or split τ² knows (a renamed pack): no total to show
+        total = None
+    return tau2_score(pack, pairs, total)
+
+
+def _bfcl_leaderboard(verdicts: dict[str, list[tuple[str, float]]]) -> Any:
+    try:
+        from tools.envs.bfcl.leaderboard import leaderboard
+    except ModuleNotFoundError as exc:
+        raise ConfigError(f"{exc}: BFCL's scores need bfcl-eval (make setup)") from None
+    try:
+        return leaderboard((pack, task, reward) for pack, pairs in verdicts.items() for task, reward in pairs)
+    except ValueError as exc:
+        raise ConfigError(f"{exc}; `env score` knows τ²-bench (tau2-*) and BFCL (bfcl_*) packs") from None
 
 
 def _export(pack: Pack, out: Path, tools_module: str | None) -> int:

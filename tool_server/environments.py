@@ -9,6 +9,8 @@ call and dropped with the session. A call without a session is refused.
 A session plays a task when it is bound to one: ``POST /v1/sessions`` with
 ``{"environment": {"pack": P, "task": T}}``, or ``_meta["toolfactory/environment"]`` on
 an MCP call (``check_environment``, then ``EnvHost.bind``). Unbound, its world starts from the pack's initial state.
+An MCP client that cannot set ``_meta`` plays the session in its URL (``/mcp/<pack>/s/<session>``,
+bound the first way) or its MCP session's (``api/mcp.py``).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 VERIFIER_PREFIX = "verify_"
 VERIFIERS_TOOLSET = "verifiers"
+ALL_TOOLSETS = "*"  # every tool (GET /v1/tools?toolset=*, tool-server tools --toolset '*')
 
 _VERIFY_FIELD_NOTES = {
     "response": "The final model output to score.",
@@ -214,9 +215,10 @@ class Registry:
             description=spec.description,
         )
         base_name = spec.name or meta.name or getattr(target, "__name__", None) or spec.target
+        toolsets = spec.toolsets or ()
         if verifier or meta.kind == "verifier":
-            return self.add_verifier(base_name, func, meta, spec.toolsets, instance)
-        sig = derive_signature(func, base_name, meta.description)
+            return self.add_verifier(base_name, func, meta, toolsets, instance)
+        sig = _signature(func, base_name, meta.description, spec.target)
         return self.add(
             ToolEntry(
                 name=base_name,
@@ -228,7 +230,7 @@ class Registry:
                 func=func,
                 is_async=_is_async_callable(func),
                 context_param=sig.context_param,
-                toolsets=set(spec.toolsets),
+                toolsets=set(toolsets),
                 instance=instance,
             )
         )
@@ -241,7 +243,7 @@ class Registry:
         toolsets: Iterable[str],
         instance: Any = None,
     ) -> ToolEntry:
-        sig: Signature = derive_signature(func, name, meta.description)
+        sig = _signature(func, name, meta.description, name)
         if sig.request_param is None:
             raise ConfigError(f"verifier {name!r} must take a parameter annotated 'VerifyRequest'")
         meta = dataclasses.replace(meta, kind="verifier")
@@ -297,12 +299,20 @@ class Registry:
                 self.toolsets.setdefault(toolset, set()).add(entry.name)
 
     def names_in(self, toolset: str | None) -> list[str]:
-        if toolset is None:
+        if toolset is None or toolset == ALL_TOOLSETS:
             return list(self.entries)
         return [n for n in self.entries if n in self.toolsets.get(toolset, ())]
 
     def descriptors(self, toolset: str | None = None) -> list[dict[str, Any]]:
         return [self.entries[n].descriptor() for n in self.names_in(toolset)]
+
+
+def _signature(func: Callable[..., Any], name: str, description: str | None, target: str) -> Signature:
+    """``derive_signature``, its refusals (a parameter without a type) as configuration errors."""
+    try:
+        return derive_signature(func, name, description)
+    except TypeError as exc:
+        raise ConfigError(f"tool {target}: {exc}") from None
 
 
 def _validate_verify_arguments(name: str, request_param: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

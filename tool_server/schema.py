@@ -105,7 +105,12 @@ def derive_signature(fn: Callable[..., Any], name: str, description: str | None)
     for pname, param in sig.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        annotation = hints.get(pname, Any)
+        if pname not in hints:  # its type is its schema: without one the model could send anything
+            raise TypeError(
+                f"parameter {pname!r} of tool {name!r} has no type annotation; annotate it "
+                f"(e.g. '{pname}: str', or 'Any' to accept any JSON value): the annotation is its JSON schema"
+            )
+        annotation = hints[pname]
         if _is_context(annotation):
             context_param = pname
             continue

@@ -12,7 +12,14 @@ The guarantees, in the order a caller meets them:
   opened on (``fence``: the ``X-Toolfactory-Instance`` header, ``_meta["toolfactory/instance"]``
   on MCP) and reaches another one (the replica restarted at the same address) gets
   ``unknown_session`` for every session this process does not hold, never an empty one;
-* at most ``max_sessions`` are open; beyond it, new ones are refused as ``overloaded``.
+* a session lives while it is used: every call, ``POST /v1/sessions`` of its id and
+  ``POST /v1/sessions/renew`` (what the trainer client sends for the sessions of live
+  trajectories, every third of the TTL) restart its ``ttl_s``; one idle longer is closed, so
+  the sessions of a client that is gone are closed within ``ttl_s`` plus one sweep;
+* at most ``max_sessions`` are open, and one tenant holds at most its share
+  (``max_per_tenant``, 3/4 of them by default; all of them on a server without tokens,
+  which has one tenant); beyond either, new ones are refused as ``overloaded``, so no
+  tenant can take the last free session from the others.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import secrets
 import time
 
 from protocol import ErrorKind, SessionState, ToolError, new_session_id
+from tool_server.config import ConfigError
 from tool_server.stores import TTLStore
 
 log = logging.getLogger(__name__)
@@ -30,13 +38,40 @@ CLOSED_TTL_S = 24 * 3600.0  # how long a released id is remembered as released
 INSTANCE_HEADER = "x-toolfactory-instance"  # this process's instance id; on a request, the one expected
 
 
+def tenant_session_share(max_sessions: int, max_per_tenant: int | None) -> int:
+    """Open sessions one token may hold: the configured share, or 3/4 of ``max_sessions``.
+
+    3/4 by default (as for admitted calls): one busy tenant still gets most of the table,
+    while a quarter stays open to the others however many sessions it opens.
+    """
+    if max_per_tenant is not None and max_per_tenant < 1:
+        raise ConfigError(
+            f"sessions.max_sessions_per_tenant must be at least 1 (or null), got {max_per_tenant}"
+        )
+    if max_per_tenant is not None:
+        return min(max_sessions, max_per_tenant)
+    return max(1, max_sessions * 3 // 4)
+
+
 class SessionStore:
-    def __init__(self, ttl_s: float, max_sessions: int) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_sessions: int,
+        max_per_tenant: int | None = None,
+        *,
+        sole_tenant: str | None = None,
+    ) -> None:
+        """``sole_tenant``: the one tenant of a server without tokens, which may fill the
+        whole table (the executor names ``ANONYMOUS_TENANT``)."""
         self.ttl_s = ttl_s
         self.max_sessions = max_sessions
+        self.tenant_share = tenant_session_share(max_sessions, max_per_tenant)
+        self.sole_tenant = sole_tenant
         self._sessions: dict[str, SessionState] = {}
         self._owners: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
+        self._by_tenant: dict[str, int] = {}  # open sessions per owner, against its share
         # Released ids -> owner: a late call must not resurrect them.
         self._closed: TTLStore[str, str] = TTLStore(4 * max_sessions, CLOSED_TTL_S)
         # Drawn anew by every process: a restarted replica at the same address is told apart.
@@ -62,6 +97,23 @@ class SessionStore:
             "or it belongs to another token; start the trajectory with a new session id",
             ErrorKind.UNKNOWN_SESSION,
         )
+
+    def renew(self, tenant: str, session_ids: list[str]) -> list[str]:
+        """Restart the TTL of the tenant's open sessions among ``session_ids``; returns the
+        ids it does not hold (released, expired, never opened, or another tenant's), which
+        stay closed: a renewal never opens a session."""
+        now = time.monotonic()
+        unknown = []
+        for session_id in session_ids:
+            if self._owners.get(session_id) == tenant:
+                self._last_used[session_id] = now
+            else:
+                unknown.append(session_id)
+        return unknown
+
+    def share(self, tenant: str) -> int:
+        # A server without tokens has one tenant: it may fill the whole table.
+        return self.max_sessions if tenant == self.sole_tenant else self.tenant_share
 
     def fence(self, expected: str | None, session_id: str) -> str | None:
         """Why a call of ``session_id`` must be refused, when the client expects its sessions
@@ -106,10 +158,19 @@ class SessionStore:
                 "with DELETE /v1/sessions/{id}",
                 ErrorKind.OVERLOADED,
             )
+        held = self._by_tenant.get(tenant, 0)
+        if held >= self.share(tenant):
+            raise ToolError(
+                f"your token holds {held} open sessions, as many as one token may "
+                f"(sessions.max_sessions_per_tenant); release finished trajectories with "
+                "DELETE /v1/sessions/{id}, or ask for a larger share",
+                ErrorKind.OVERLOADED,
+            )
         state = SessionState(session_id)
         self._sessions[session_id] = state
         self._owners[session_id] = tenant
         self._last_used[session_id] = time.monotonic()
+        self._by_tenant[tenant] = held + 1
         return state
 
     async def release(self, tenant: str | None, session_id: str) -> bool:
@@ -119,6 +180,11 @@ class SessionStore:
             return False
         state = self._sessions.pop(session_id)
         del self._owners[session_id], self._last_used[session_id]
+        left = self._by_tenant[owner] - 1
+        if left:
+            self._by_tenant[owner] = left
+        else:
+            del self._by_tenant[owner]  # no entry for a token without sessions: it stays small
         self._closed.put(session_id, owner)
         await _close_quietly(state)
         return True

@@ -15,9 +15,12 @@ dead interpreter (memory, CPU limit, crash, ``os._exit``) is ``ToolError(TOOL_ER
 each saying that the variables of earlier calls are gone.
 
 Fleet budget: at most ``max_workers`` interpreters and ``max_total_memory_mb`` of their
-memory across all sessions. Past it, idle sessions are evicted least recently used first
-(their next call says so, once, as a ``TOOL_ERROR``; the call after starts afresh) and a new
-session that finds every interpreter busy gets ``ToolError(OVERLOADED)``. :meth:`PythonTool.gauges`
+memory across all sessions (what each session's processes and shared memory hold, as
+measured from the host), and at most ``max_workers_per_tenant`` interpreters per tenant
+(token; 3/4 of ``max_workers`` by default). Past a limit, the tenant's own idle sessions are
+evicted least recently used first (their next call says so, once, as a ``TOOL_ERROR``; the
+call after starts afresh): one tenant's sessions never evict another's. A new session that
+finds no idle one of its tenant to evict gets ``ToolError(OVERLOADED)``. :meth:`PythonTool.gauges`
 reports the fleet for /metrics.
 """
 
@@ -70,6 +73,7 @@ class PythonTool:
         max_workers: int = 64,
         max_total_memory_mb: int = 8192,
         worker_cpu_s: int = 600,
+        max_workers_per_tenant: int | None = None,
     ) -> None:
         self.limits = SandboxLimits(
             timeout_s=timeout_s,
@@ -82,6 +86,7 @@ class PythonTool:
         self.pool_size = pool_size
         self.max_workers = max_workers
         self.max_total_memory_mb = max_total_memory_mb
+        self.max_workers_per_tenant = max_workers_per_tenant
         self._preload = tuple(preload or ())
         self._hide = tuple(hidden_paths) if hidden_paths is not None else None
         self._pool: SandboxPool | None = None
@@ -97,6 +102,7 @@ class PythonTool:
                 hide=self._hide,
                 max_workers=self.max_workers,
                 max_total_memory_mb=self.max_total_memory_mb,
+                max_workers_per_tenant=self.max_workers_per_tenant,
             )
         await self._pool.start()  # idempotent
 
@@ -131,19 +137,21 @@ class PythonTool:
                 f"code has {len(code)} characters, over the limit {MAX_CODE_CHARS}",
                 ErrorKind.INVALID_ARGUMENTS,
             )
+        # The caller's tenant where the server has tokens (None: one tenant, or the server's own).
+        tenant = getattr(ctx, "tenant", None)
         try:
-            return await self._run(code, ctx.session if ctx is not None else None)
+            return await self._run(code, ctx.session if ctx is not None else None, tenant)
         except SandboxOverloaded as exc:
             raise ToolError(str(exc), ErrorKind.OVERLOADED) from None
         except SandboxError as exc:
             raise ToolError(str(exc), ErrorKind.UNAVAILABLE) from None
 
-    async def _run(self, code: str, session: SessionState | None) -> ToolOutput:
+    async def _run(self, code: str, session: SessionState | None, tenant: str | None) -> ToolOutput:
         await self.startup()
         pool = self._pool
         assert pool is not None
         if session is None:
-            async with pool.worker() as worker:
+            async with pool.worker(tenant) as worker:
                 return self._render(await worker.run(code), stateful=False)
         slot = self._slot(session, pool)
         async with slot.lock:
@@ -152,7 +160,7 @@ class PythonTool:
                 await pool.release(lost)
                 raise ToolError(_lost_between_calls(lost), ErrorKind.TOOL_ERROR)
             if slot.worker is None:
-                slot.worker = await pool.acquire()
+                slot.worker = await pool.acquire(tenant)  # a session belongs to one tenant
             result = await slot.worker.run(code)
             if result.worker_died:
                 await pool.release(slot.worker)
@@ -211,6 +219,8 @@ def _lost_between_calls(worker: SandboxWorker) -> str:
     why = (
         f"was evicted: {worker.evicted}"
         if worker.evicted
+        else f"was stopped: {worker.stopped_for}"
+        if worker.stopped_for
         else "stopped between calls (it was killed from outside the session)"
     )
     return (

@@ -37,8 +37,9 @@ from typing import Any, TextIO
 import httpx
 
 from trainer_client.cli.command import CliError
+from trainer_client.cli.generators import add_engine_arguments, engine_server, vllm_generator
 from trainer_client.rollout.dataset import load_tasks
-from trainer_client.rollout.runner import run_and_write, tool_chooser
+from trainer_client.rollout.runner import interrupt_at_once, run_and_write, tool_chooser
 from trainer_client.rollout.summary import format_summary, summarize
 from trainer_client.templates.render import TOOL_SCHEMA_MODES
 
@@ -135,6 +136,9 @@ def tool_server(
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Its own process group: a terminal's Ctrl-C reaches the demo alone, which releases its
+        # sessions and then stops the server (``_stop``), instead of both stopping at once.
+        process_group=0,
     )
     found: list[str] = []
     announced = threading.Event()
@@ -198,7 +202,11 @@ def _tail(path: Path, lines: int = 15) -> str:
 # ----------------------------------------------------------------------------- rollouts
 
 
-async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: Path) -> dict[str, Any]:
+async def run_demo(
+    args: argparse.Namespace, url: str, data_dir: Path, out_dir: Path, results: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Roll out every task; ``results`` (task -> records, wall s, file) fills as trajectories
+    finish, so that an interrupted demo can still report what finished."""
     import torch
 
     from trainer_client.backends.hf import HFGenerator
@@ -207,12 +215,17 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
     from trainer_client.rollout.core import RolloutConfig, RolloutCore
 
     torch.manual_seed(args.seed)
-    _say("loading SmolLM2-135M-Instruct (first run converts the packaged GGUF, ~30 s)")
-    tokenizer, model = load_model(args.model)
-    generator = HFGenerator(
-        model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
-    )
-    results: dict[str, Any] = {}
+    generator: Any
+    if args.engine == "vllm":
+        tokenizer, generator = await vllm_generator(args)
+    else:
+        _say("loading SmolLM2-135M-Instruct (first run converts the packaged GGUF, ~30 s)")
+        with interrupt_at_once():  # loading blocks the event loop: Ctrl-C must still stop it
+            tokenizer, model = load_model(args.model)
+        generator = HFGenerator(
+            model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
+        )
+    results = {} if results is None else results
     async with ToolClient(url) as client:
 
         async def one(task: DemoTask) -> None:
@@ -230,6 +243,8 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
             core = RolloutCore(tokenizer, generator, client, config, verifier=client)
             tools_for = await tool_chooser(client, core, args.tool_schemas, None)
             out = out_dir / f"{task.name}.jsonl"
+            finished: list[dict[str, Any]] = []
+            results[task.name] = {"records": finished, "wall_s": None, "out": out}
             records, wall = await run_and_write(
                 core,
                 rows,
@@ -240,20 +255,21 @@ async def run_demo(args: argparse.Namespace, url: str, data_dir: Path, out_dir: 
                 progress=not args.no_progress,
                 description=task.name,
                 tools_for=tools_for,
+                finished=finished,
             )
             results[task.name] = {"records": records, "wall_s": wall, "out": out}
 
         started = time.perf_counter()
         try:
             await asyncio.gather(*(one(t) for t in TASKS if t.name in args.tasks))
-        finally:
+        finally:  # also on Ctrl-C (cancelled): the figures of what finished, then generation stops
+            results["_wall_s"] = time.perf_counter() - started
+            results["_client"] = client.metrics()
             await generator.aclose()
-        results["_wall_s"] = time.perf_counter() - started
-        results["_client"] = client.metrics()
     return results
 
 
-def report(results: dict[str, Any]) -> dict[str, Any]:
+def report(results: dict[str, Any], *, interrupted: bool = False) -> dict[str, Any]:
     """Print one summary per task and an overall one; returns the overall summary."""
     everything: list[dict[str, Any]] = []
     for name, result in results.items():
@@ -262,8 +278,9 @@ def report(results: dict[str, Any]) -> dict[str, Any]:
         everything += result["records"]
         summary = summarize(result["records"], wall_s=result["wall_s"])
         print(format_summary(summary, title=f"\n== {name}  ({result['out']})"))
-    overall = summarize(everything, wall_s=results["_wall_s"], client_metrics=results["_client"])
-    print(format_summary(overall, title="\n== all tasks"))
+    overall = summarize(everything, wall_s=results.get("_wall_s"), client_metrics=results.get("_client"))
+    title = "\n== all tasks" + (": interrupted, only the trajectories that finished" if interrupted else "")
+    print(format_summary(overall, title=title))
     first = next((r["out"] for n, r in results.items() if not n.startswith("_")), None)
     if first is not None:
         print(f"\ninspect a trajectory:  trainer-client show {first} --index 0")
@@ -298,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out-dir", default="runs/demo", help="where data, logs and trajectories go")
     parser.add_argument("--model", default="smollm2", help="model name or local HF dir (default smollm2)")
+    add_engine_arguments(parser)
     parser.add_argument(
         "--server-config",
         default=None,
@@ -328,7 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sigterm_as_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt  # so that the finally blocks stop the server
+    """SIGTERM does what Ctrl-C does where the demo is: inside ``asyncio.run`` its handler
+    cancels the rollouts (which release their sessions and stop generating); elsewhere it
+    raises KeyboardInterrupt, so that the finally blocks stop the server."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,10 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out_dir = Path(args.out_dir).expanduser()
     data_dir = out_dir / "data"
-    # Ctrl-C raises right where the demo is: asyncio.run's own handler would only cancel the
-    # main task, and a cancellation swallowed on the way let an interrupted demo run to the end.
+    # Ctrl-C keeps Python's handler, so that asyncio.run's own takes over during the rollouts:
+    # it cancels them (the trajectories release their sessions, generation stops at the next
+    # layer, what finished is reported) instead of raising in the middle of the event loop.
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    previous_int = signal.signal(signal.SIGINT, _sigterm_as_interrupt)
+    results: dict[str, Any] = {}
     started = time.perf_counter()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -358,20 +384,21 @@ def main(argv: list[str] | None = None) -> int:
             server_log.unlink()
         _say(f"starting tool-server (log: {server_log})")
         config = args.server_config or str(server_config(out_dir))
-        with tool_server(server_log, config=config) as url:
+        with tool_server(server_log, config=config) as url, engine_server(args):
             _say(f"tool server ready at {url}")
-            results = asyncio.run(run_demo(args, url, data_dir, out_dir))
+            asyncio.run(run_demo(args, url, data_dir, out_dir, results))
             _say("stopping the tool server")
         overall = report(results)
     except (CliError, FileNotFoundError) as exc:  # FileNotFoundError: the model or a data file
         print(f"demo: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if any(r["records"] for name, r in results.items() if not name.startswith("_")):
+            report(results, interrupted=True)
         print("demo: interrupted; the tool server was stopped", file=sys.stderr)
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, previous_int)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     return 0 if overall["trajectories"] and not overall["errors"] else 1
 

@@ -574,7 +574,8 @@ def test_a_tool_that_tampers_with_the_runner_only_loses_its_worker() -> None:
     doc = {"name": "tamper", "description": "", "parameters": {"type": "object"}, "reads": [], "writes": []}
     with SandboxExecutor(max_workers=1) as ex:
         pack = Pack(PackInfo("tamper"), built_tools([doc], tamper, ex), {"t": {}}, trusted=False)
-        assert pack.call(pack.new_world(), "tamper", {}) == "done"
+        world = pack.new_world()  # one session's: its calls share a worker, no other world's do
+        assert pack.call(world, "tamper", {}) == "done"
         with pytest.raises(ToolError, match="the sandbox's reply is malformed"):
-            pack.call(pack.new_world(), "tamper", {})  # the same worker: its runner was replaced
-        assert pack.call(pack.new_world(), "tamper", {}) == "done"  # a fresh worker
+            pack.call(world, "tamper", {})  # the same worker: its runner was replaced
+        assert pack.call(world, "tamper", {}) == "done"  # a fresh worker

@@ -199,17 +199,15 @@ def test_data_build_levels_prefix_and_errors(tmp_path: Path) -> None:
 
 def test_the_docs_example_pack_validates_and_serves(tmp_path: Path) -> None:
     """docs/environments.md works as written: its pack directory validates and plays a bound task."""
-    import re
     import uuid
 
     import httpx
 
     from protocol import decode_results
+    from tests.support.docs_blocks import files_in
     from tests.support.server import running_server
 
-    text = (REPO / "docs" / "environments.md").read_text()
-    blocks = re.findall(r"^(`{3,})\w*\n# file: (\S+)\n(.*?)^\1$", text, re.MULTILINE | re.DOTALL)
-    files = {name: body for _, name, body in blocks}
+    files = files_in(REPO / "docs" / "environments.md")
     assert set(files) >= {"shop_tools.py", "my_shop/pack.yaml", "my_shop/state.json", "my_shop/tasks.jsonl"}
     for name, body in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -400,3 +398,178 @@ def test_data_build_env_shots_writes_few_shot_prompts_for_procedural_packs(tmp_p
             assert row.messages[-1] == tasks[row.ground_truth["task"]].prompt[-1]
     refused = build_data(tmp_path / "bad", "--env-shots", "2")  # the test pack is not procedural
     assert refused.returncode != 0 and "not procedural" in refused.stdout + refused.stderr
+
+
+# --------------------------------------------------------------------------- env score
+
+
+def _tool_call(name: str, arguments: dict[str, Any]) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+def _scripted_tau2_rollouts(tmp_path: Path, policies: dict[str, Any]) -> dict[str, Path]:
+    """``trainer-client rollout --script`` of the τ² mock pack (solo rows), one file per policy.
+
+    A policy maps (row index, task) to the calls the agent makes (then it tells the facts);
+    every trajectory is verified by a real server with ``tool_use`` in eval mode.
+    """
+    from tests.support.server import running_server, server_config
+    from tools.envs.tau2 import packs as tau2
+
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tools.data",
+            "build",
+            "--out",
+            str(tmp_path),
+            "--tasks",
+            "env:tools.envs.tau2:pack",
+        ]
+        + ["--env-arg", "domain=mock", "--env-test-fraction", "0"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert built.returncode == 0, built.stderr
+    data = tmp_path / "env" / "tau2-mock" / "train.parquet"
+    pack = tau2.pack("mock")
+    rows = load_tasks(data)
+    config = server_config(environments=[{"source": "tools.envs.tau2:pack", "arguments": {"domain": "mock"}}])
+    out: dict[str, Path] = {}
+    with running_server(config) as server:
+        for name, policy in policies.items():
+            script = tmp_path / f"{name}.script.jsonl"
+            with open(script, "w") as handle:
+                for row in rows:
+                    task = pack.task(row.extra_info["task"])
+                    turns = [_tool_call(c.name, c.arguments) for c in policy(row.index, task)]
+                    turns.append("Done. " + " ".join(task.gold.communicate))
+                    handle.write(json.dumps({"index": row.index, "turns": turns}) + "\n")
+            out[name] = tmp_path / f"{name}.jsonl"
+            rolled = subprocess.run(
+                [sys.executable, "-m", "trainer_client.cli.command", "rollout", "--server", server.url]
+                + ["--data", str(data), "--script", str(script), "--verifier", "tool_use"]
+                + ["--verifier-args", '{"mode": "eval"}', "--out", str(out[name]), "--no-progress"],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert rolled.returncode == 0, rolled.stderr
+    return out
+
+
+def test_env_score_prints_tau2s_pass_hat_k_of_rollouts(tmp_path: Path) -> None:
+    """Gold scores 100 %; an imperfect scripted policy scores what τ²'s own code computes."""
+    import math
+
+    from tests.envs.tau2.parity import Call, Trajectory, tau2_reward
+    from tools.envs.tau2.domain import import_tau2
+
+    def gold(index: int, task: Any) -> list[Any]:
+        return task.gold.calls
+
+    def drops_last_call(index: int, task: Any) -> list[Any]:  # on every other task
+        return task.gold.calls[:-1] if index % 2 else task.gold.calls
+
+    def idle(index: int, task: Any) -> list[Any]:  # does nothing on every third task
+        return [] if index % 3 == 0 else task.gold.calls
+
+    policies = {"gold": gold, "drops": drops_last_call, "idle": idle}
+    runs = _scripted_tau2_rollouts(tmp_path, policies)
+
+    gold_score = cli("score", str(runs["gold"]), "--json")
+    assert gold_score.returncode == 0, gold_score.stderr
+    (report,) = json.loads(gold_score.stdout)["tau2"]
+    assert report["pack"] == "tau2-mock" and report["tasks"] == 7 and report["trials"] == 7
+    assert report["avg_reward"] == 1.0 and report["pass_hat"] == {"1": 1.0}
+    shown = cli("score", str(runs["gold"]))
+    assert shown.returncode == 0 and "pass^1" in shown.stdout and "100.00%" in shown.stdout
+
+    # expected: each trajectory judged by τ²'s own evaluate_simulation, pass^k by τ²'s own formula
+    from tools.envs.tau2 import packs as tau2
+
+    pack = tau2.pack("mock")
+    rows = load_tasks(tmp_path / "env" / "tau2-mock" / "train.parquet")
+    successes: dict[str, int] = {}
+    rewards: list[float] = []
+    for row in rows:
+        task = pack.task(row.extra_info["task"])
+        said = ["Done. " + " ".join(task.gold.communicate)]
+        for policy in policies.values():
+            calls = [Call(c.name, c.arguments) for c in policy(row.index, task)]
+            reward, _ = tau2_reward("mock", task.id, Trajectory("scripted", calls, said))
+            rewards.append(reward)
+            successes[task.id] = successes.get(task.id, 0) + (reward == 1.0)
+    agent_metrics = import_tau2("tau2.metrics.agent_metrics")  # τ²'s own pass^k (it needs pandas)
+    expected = {
+        k: sum(agent_metrics.pass_hat_k(3, s, k) for s in successes.values()) / len(successes)
+        for k in (1, 2, 3)
+    }
+    assert 0 < expected[3] < expected[1] < 1  # the policies make pass^k fall with k
+
+    scored = cli("score", *(str(p) for p in runs.values()), "--json")
+    assert scored.returncode == 0, scored.stderr
+    (report,) = json.loads(scored.stdout)["tau2"]
+    assert report["tasks"] == 7 and report["trials"] == 21
+    assert math.isclose(report["avg_reward"], sum(rewards) / len(rewards))
+    assert {int(k): v for k, v in report["pass_hat"].items()} == pytest.approx(expected)
+    only = cli("score", str(runs["gold"]), "--pack", "tau2-retail")
+    assert only.returncode == 2 and "no trajectories of tau2-retail" in only.stderr
+
+
+def test_env_score_names_what_it_cannot_score(tmp_path: Path) -> None:
+    def write(name: str, records: list[dict[str, Any]]) -> str:
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return str(path)
+
+    truth = {"pack": "tau2-mock", "task": "create_task_1"}
+    trained = write("train.jsonl", [{"ground_truth": truth, "reward": 0.4, "reward_components": {"f1": 0.4}}])
+    refused = cli("score", trained)
+    assert refused.returncode == 2 and "not a benchmark's verdict" in refused.stderr
+    assert '--verifier-args \'{"mode": "eval"}\'' in refused.stderr
+    no_task = cli("score", write("qa.jsonl", [{"ground_truth": "42", "reward": 1.0}]))
+    assert no_task.returncode == 2 and "names no environment task" in no_task.stderr
+    # a failed verification is a failed sample: 0, and said so
+    mixed = [
+        {"ground_truth": truth, "reward": 1.0, "reward_components": {"benchmark": 1.0}},
+        {"ground_truth": truth, "reward": None, "error": "verify failed"},
+    ]
+    scored = cli("score", write("mixed.jsonl", mixed))
+    assert scored.returncode == 0, scored.stderr
+    assert (
+        "pass^2" in scored.stdout
+        and "0.00%" in scored.stdout
+        and "1 trajectories were not verified" in scored.stdout
+    )
+    missing = cli("score", str(tmp_path / "absent.jsonl"))
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_env_score_prints_bfcls_accuracy_per_category(tmp_path: Path) -> None:
+    pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make setup` (pip install --no-deps)")
+    records = [
+        {"ground_truth": {"pack": pack, "task": task}, "reward": r, "reward_components": {"benchmark": r}}
+        for pack, task, r in [
+            ("bfcl_multi_turn_base", "multi_turn_base_0", 1.0),
+            ("bfcl_multi_turn_base", "multi_turn_base_1", 0.0),
+            ("bfcl_multi_turn_miss_func", "multi_turn_miss_func_0", 1.0),
+        ]
+    ]
+    path = tmp_path / "bfcl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    scored = cli("score", str(path))
+    assert scored.returncode == 0, scored.stderr
+    assert (
+        "Multi Turn Overall Acc" in scored.stdout and "50.00%" in scored.stdout and "100.00%" in scored.stdout
+    )
+    as_json = json.loads(cli("score", str(path), "--json").stdout)
+    assert as_json["bfcl"]["categories"]["multi_turn_base"]["accuracy"] == 0.5
+    unknown = tmp_path / "other.jsonl"
+    unknown.write_text(json.dumps({**records[0], "ground_truth": {"pack": "shop", "task": "look"}}) + "\n")
+    refused = cli("score", str(unknown))
+    assert refused.returncode == 2 and "knows τ²-bench (tau2-*) and BFCL (bfcl_*) packs" in refused.stderr

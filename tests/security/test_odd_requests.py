@@ -75,7 +75,9 @@ def test_mcp_call_id_and_session_in_meta_are_bounded_like_the_batch_api(server):
 
 @pytest.mark.parametrize("body", [b"[1,2]", b'"s"', b"3", b'{"session": 5}', b'{"session": ""}'])
 def test_create_session_refuses_a_body_that_is_not_an_object_with_a_string_id(server, body):
-    response = httpx.post(server.url + "/v1/sessions", content=body)
+    response = httpx.post(
+        server.url + "/v1/sessions", content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["error"]["kind"] == "bad_request"
 
 

@@ -96,9 +96,11 @@ def test_another_tenants_call_id_is_a_new_id_and_permission_comes_first(tenants)
     (first,) = post_calls(tenants, TOKEN_A, count)
     assert first.structured["count"] == 1
 
-    # The math-only token may not call count: not even a stored result of it.
+    # The math-only token may not call count: not even a stored result of it. To it, count does
+    # not exist (as on /mcp): the answer names only its own tools.
     (scoped,) = post_calls(tenants, TOKEN_B, count)
-    assert scoped.error.kind == "unauthorized" and str(key) not in scoped.text
+    assert scoped.error.kind == "unknown_tool" and str(key) not in scoped.text
+    assert "calculator" in scoped.error.message and "echo" not in scoped.error.message
     # The same id for a tool it may call is simply a new call of its own.
     (own,) = post_calls(
         tenants, TOKEN_B, {"call_id": call_id, "name": "calculator", "arguments": {"expression": "2+2"}}
@@ -128,7 +130,7 @@ def test_another_tenant_cannot_join_an_in_flight_call(tenants):
 
     joined, running = asyncio.run(scenario())
     (denied,) = decode_results(joined.content)
-    assert denied.error.kind == "unauthorized"
+    assert denied.error.kind == "unknown_tool"  # sleep is not among the math-only token's tools
     assert decode_results(running.content)[0].structured == {"slept": 1.5}
 
 
@@ -271,7 +273,10 @@ def test_an_upload_to_the_workbench_is_its_tenants_alone(tenants):
     """Two tokens for every tool, two tenants: a trajectories file one uploads is not the other's."""
     line = b'{"id": "private-trajectory", "response_mask": [1], "reward": 1.0}\n'
     answer = httpx.post(
-        tenants.url + "/ui/api/upload", params={"name": "mine.jsonl"}, content=line, headers=auth(TOKEN_A)
+        tenants.url + "/ui/api/upload",
+        params={"name": "mine.jsonl"},
+        content=line,
+        headers={**auth(TOKEN_A), "content-type": "application/x-ndjson"},
     )
     assert answer.status_code == 201, answer.text
     name = answer.json()["file"]

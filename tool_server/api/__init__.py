@@ -6,6 +6,8 @@ the Search-R1 ``/retrieve`` route, and the auth, size and connection limits in f
 * ``openapi``: the OpenAPI 3.1 document of the HTTP API;
 * ``retrieve``: Search-R1's ``POST /retrieve``, served by a configured search tool;
 * ``auth``: bearer tokens (a token is a tenant) and request-size limits, as ASGI middleware;
+* ``origin``: what a web page could send refused (a foreign Host or Origin, a POST body not
+  declared JSON), as ASGI middleware;
 * ``connections``: header and body read timeouts and a cap on open connections for uvicorn.
 
 ``tool_server.app`` composes them; nothing here is imported by the executor or the tools.

@@ -101,7 +101,16 @@ def is_loopback(host: str) -> bool:
     return all_loopback(bound_addresses(host))
 
 
-async def _send_json(
+def error_body(path: str, kind: str, message: str) -> dict:
+    """A middleware's refusal: a JSON-RPC error on the MCP endpoint, our error object elsewhere."""
+    if path == "/mcp" or path.startswith("/mcp/"):
+        # MCP clients show a JSON-RPC error's message; any other body only as
+        # "Server returned an error response".
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": f"{kind}: {message}"}}
+    return {"error": {"kind": kind, "message": message}}
+
+
+async def send_json(
     send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     payload = orjson.dumps(body)
@@ -144,17 +153,8 @@ class AuthMiddleware:
             return
         if token is None:
             message = "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
-            if scope["path"] == "/mcp" or scope["path"].startswith("/mcp/"):
-                # MCP clients show a JSON-RPC error's message; any other body only as
-                # "Server returned an error response".
-                body = {
-                    "jsonrpc": "2.0",
-                    "id": None,
-                    "error": {"code": -32001, "message": f"unauthorized: {message}"},
-                }
-            else:
-                body = {"error": {"kind": "unauthorized", "message": message}}
-            await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="toolfactory"')])
+            body = error_body(scope["path"], "unauthorized", message)
+            await send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="toolfactory"')])
             return
         state = scope.setdefault("state", {})
         state["toolsets"] = token.toolsets
@@ -194,7 +194,7 @@ class BodyLimitMiddleware:
                 try:
                     too_big = int(value) > self.max_bytes
                 except ValueError:
-                    await _send_json(
+                    await send_json(
                         send, 400, {"error": {"kind": "bad_request", "message": "bad Content-Length"}}
                     )
                     return
@@ -222,7 +222,7 @@ class BodyLimitMiddleware:
             await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        await _send_json(
+        await send_json(
             send,
             413,
             {

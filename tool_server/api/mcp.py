@@ -2,8 +2,20 @@
 
 ``/mcp`` serves the default toolset and ``/mcp/{toolset}`` any named one. The SDK
 answers both the stateless 2026-07-28 protocol and the older handshake versions;
-we run it stateless with JSON responses (no server-side MCP sessions needed: our
-trajectory session id travels in ``_meta["toolfactory/session"]``).
+we run it stateless with JSON responses.
+
+A call finds its trajectory session (its world) in the first of:
+
+* ``_meta["toolfactory/session"]``, for clients that can set ``_meta`` (the trainer);
+* the URL, ``/mcp/{toolset}/s/{session}``: any client, either protocol era. A harness
+  binds the id to a task and releases it with ``/v1/sessions``, as for any session;
+* the MCP session of a handshake-era client: its ``initialize`` is answered with an
+  ``Mcp-Session-Id`` (``_McpSessions``), which the client sends on every later request
+  and whose ``DELETE`` (sent when the client closes) releases the world.
+
+The last two apply to tools that keep state per session (``keeps_session_state``):
+stateless tools and verifiers run without one, as before, so they need no session and
+work on any replica.
 """
 
 from __future__ import annotations
@@ -11,6 +23,8 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import re
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +49,29 @@ from protocol import (
 )
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.api.auth import is_loopback
-from tool_server.api.routes import caller_of
+from tool_server.api.routes import caller_of, request_header
 from tool_server.config import Config
 from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
+from tool_server.registry import ToolEntry
+from tool_server.sessions import SessionStore
 
 MCP_REQUESTS_PER_COLLECT = 256
 # More results stored since the last collection than this: skip it (see _CollectingEvery).
 MAX_RESULTS_BETWEEN_COLLECTS = 20_000
+MCP_SESSION_HEADER = "mcp-session-id"
+# The Mcp-Session-Id we issue: "mcp-", the issuing process's instance id (SessionStore.instance),
+# "-", a random part. Only ids of this shape name a world: any other value is not ours.
+_ISSUED_ID = re.compile(r"mcp-([0-9a-f]{16})-[0-9a-f]{24}")
+_INITIALIZE = "toolfactory.mcp_initialize"  # scope key: the request body holds an ``initialize``
+_MCP_SESSION_ELSEWHERE = (
+    "this MCP session's world is not on this server process: it was opened on instance {instance}, "
+    "which restarted or is another replica (an MCP session stays on the process that issued it), "
+    "so its state is lost here and is not started again empty. Reconnect (a new MCP session) to start a new world"
+)
+_MCP_SESSION_GONE = (
+    "this MCP session's world was released or expired (idle for longer than sessions.ttl_s = {ttl:g} s); "
+    "its state is gone. Reconnect (a new MCP session) to start a new world"
+)
 
 
 def transport_security(config: Config, bind_host: str) -> TransportSecuritySettings:
@@ -51,6 +81,11 @@ def transport_security(config: Config, bind_host: str) -> TransportSecuritySetti
     (required there) is what protects the server, and ``mcp.allowed_hosts`` turns
     the Host check on for those names.
     """
+    if config.server.allowed_hosts:
+        # Every route, this one included, checks Host and Origin against the loopback names, the
+        # bound addresses and these names (tool_server/api/origin.py); this narrower list would
+        # refuse the names listed there.
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
     hosts = list(config.mcp.allowed_hosts)
     origins = list(config.mcp.allowed_origins)
     if is_loopback(bind_host):
@@ -64,7 +99,9 @@ def transport_security(config: Config, bind_host: str) -> TransportSecuritySetti
     )
 
 
-def _to_call_tool_result(result: Result, instance: str | None = None) -> types.CallToolResult:
+def _to_call_tool_result(
+    result: Result, instance: str | None = None, session: str | None = None
+) -> types.CallToolResult:
     structured = result.structured
     if structured is not None and not isinstance(structured, dict):
         structured = {"result": structured}
@@ -77,6 +114,8 @@ def _to_call_tool_result(result: Result, instance: str | None = None) -> types.C
         meta["error_kind"] = result.error.kind.value
     if instance is not None:
         meta["instance"] = instance
+    if session is not None:  # the world it ran in: a harness scores it (/v1/verify) by this id
+        meta["session"] = session
     return types.CallToolResult(
         content=[_content_block(block) for block in result.content]
         or [types.TextContent(type="text", text="")],
@@ -157,10 +196,14 @@ class _KnownToolsetOnly:
         await send_json_rpc_error(send, 404, -32601, message)
 
 
-async def send_json_rpc_error(send: Send, status: int, code: int, message: str) -> None:
+async def send_json_rpc_error(
+    send: Send, status: int, code: int, message: str, *, allow: str | None = None
+) -> None:
     """An HTTP error whose body MCP clients can show: a JSON-RPC error with no id."""
     payload = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if allow is not None:
+        headers.append((b"allow", allow.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
@@ -187,9 +230,12 @@ class _JsonRpcIdCheck:
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-        if _has_bad_id(body):
+        bad_id, initialize = _inspect(body)
+        if bad_id:
             await send_json_rpc_error(send, 400, -32600, "Invalid Request: id must be a string or an integer")
             return
+        if initialize:  # read by _McpSessions, which wraps this app (parsed once, here)
+            scope[_INITIALIZE] = True
 
         async def replay() -> Message:
             return messages.pop(0) if messages else await receive()
@@ -197,17 +243,98 @@ class _JsonRpcIdCheck:
         await self.app(scope, replay, send)
 
 
-def _has_bad_id(body: bytes) -> bool:
+def _inspect(body: bytes) -> tuple[bool, bool]:
+    """Whether the body holds a request with a bad id, and whether it holds an ``initialize``."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return False  # the SDK answers a parse error itself
+        return False, False  # the SDK answers a parse error itself
+    bad_id = initialize = False
     for item in data if isinstance(data, list) else [data]:
         if isinstance(item, dict) and "method" in item and "id" in item:
             request_id = item["id"]
-            if isinstance(request_id, bool) or not isinstance(request_id, str | int):
-                return True
-    return False
+            bad_id = bad_id or isinstance(request_id, bool) or not isinstance(request_id, str | int)
+            initialize = initialize or item["method"] == "initialize"
+    return bad_id, initialize
+
+
+class _McpSessions:
+    """What an MCP session is here: a trajectory session for clients that cannot set ``_meta``.
+
+    * ``initialize`` (handshake era) on a URL without a session: the answer carries a new
+      ``Mcp-Session-Id``, which the client sends on every later request of its connection;
+    * ``DELETE`` with that header, or on ``/mcp/{toolset}/s/{session}``: releases the
+      session (the caller's own; anything else is already gone to it), 200 either way;
+    * ``GET`` with that header: 405, as the spec allows: a stateless endpoint has no
+      server-initiated stream (the SDK would hold the connection open for nothing).
+
+    Nothing is stored per MCP session: the trajectory session is opened by the first call
+    that needs it, and expires like any other (``sessions.ttl_s``).
+    """
+
+    def __init__(self, app: ASGIApp, executor: Executor) -> None:
+        self.app = app
+        self.executor = executor
+        self.sessions: SessionStore = executor.sessions
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        in_url = scope.get("path_params", {}).get("session")
+        if in_url is not None and not _is_id(in_url):
+            message = f"the session in the URL must be at most {MAX_ID_LENGTH} characters"
+            await send_json_rpc_error(send, 400, -32600, message)
+            return
+        header = request_header(scope, MCP_SESSION_HEADER.encode())
+        issued = header if header is not None and _ISSUED_ID.fullmatch(header) else None
+        method = scope["method"]
+        if method == "DELETE" and (in_url or issued):
+            await self._release(scope, send, in_url or issued)
+        elif method == "GET" and issued:
+            message = "this endpoint is stateless: it offers no server-initiated stream (use POST)"
+            await send_json_rpc_error(send, 405, -32600, message, allow="POST, DELETE")
+        elif method == "POST" and in_url is None and header is None:
+            await self.app(scope, receive, self._issuing(scope, send))
+        else:
+            await self.app(scope, receive, send)
+
+    def _issuing(self, scope: Scope, send: Send) -> Send:
+        """``send``, adding a new Mcp-Session-Id to a successful answer to ``initialize``."""
+
+        async def issue(message: Message) -> None:
+            if (
+                message["type"] == "http.response.start"
+                and scope.get(_INITIALIZE)
+                and message["status"] == 200
+            ):
+                issued = f"mcp-{self.sessions.instance}-{secrets.token_hex(12)}"
+                headers = [*message.get("headers", []), (MCP_SESSION_HEADER.encode(), issued.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return issue
+
+    async def _release(self, scope: Scope, send: Send, session: str) -> None:
+        tenant = caller_of(scope, self.executor.registry).tenant
+        released = await self.sessions.release(tenant, session)
+        self.executor.metrics.sessions.set(len(self.sessions))
+        payload = orjson.dumps({"session": session, "released": released})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def keeps_session_state(entry: ToolEntry) -> bool:
+    """Whether a call of ``entry`` takes the URL's or the MCP session's world.
+
+    Tools with state per session do; so do upstream tools that are sent the session in
+    ``_meta``. Verifiers never do: from inside a session one would show the policy its gold.
+    """
+    if entry.is_verifier:
+        return False
+    upstream_meta = entry.upstream is not None and bool(getattr(entry.upstream, "session_meta", False))
+    return entry.meta.stateful or entry.needs_session or upstream_meta
 
 
 class McpEndpoint:
@@ -236,7 +363,10 @@ class McpEndpoint:
             max_request_body_size=config.limits.max_request_bytes,
         )
         self.asgi = _CollectingEvery(
-            _KnownToolsetOnly(_JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)), self.registry),
+            _KnownToolsetOnly(
+                _McpSessions(_JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)), executor),
+                self.registry,
+            ),
             MCP_REQUESTS_PER_COLLECT,
             long_lived=lambda: executor.results_stored,
             max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
@@ -309,18 +439,46 @@ class McpEndpoint:
             if value is not None and not _is_id(value):
                 message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
                 return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
+        mcp_session = False  # the world is the MCP session's (Mcp-Session-Id)
+        if session is None and params.name in visible:
+            session, expected, mcp_session = self._implicit_session(ctx, params.name)
         call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
-        if params.name not in visible:  # hint only at what this endpoint serves
-            result = Result.failure(
-                call.call_id, ErrorKind.UNKNOWN_TOOL, unknown_tool_message(params.name, visible)
-            )
+        if params.name not in visible:  # hint only at what this endpoint serves (none in a session)
+            message = unknown_tool_message(params.name, visible, in_session=session is not None)
+            result = Result.failure(call.call_id, ErrorKind.UNKNOWN_TOOL, message)
         elif session is not None and (lost := self.executor.sessions.fence(expected, session)):
-            result = Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, lost)
+            message = _MCP_SESSION_ELSEWHERE.format(instance=expected) if mcp_session else lost
+            result = Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, message)
         elif ENV_META_KEY in meta and (refused := self._bind(caller, session, meta[ENV_META_KEY])):
             result = Result.failure(call.call_id, *refused)
         else:
             result = await self.executor.run_one(call, caller)
-        return _to_call_tool_result(result, self.executor.sessions.instance if session else None)
+        if mcp_session and result.error is not None and result.error.kind == ErrorKind.UNKNOWN_SESSION:
+            # The generic text asks for a new session id, which such a client cannot choose.
+            message = _MCP_SESSION_GONE.format(ttl=self.executor.sessions.ttl_s)
+            result = Result.failure(result.call_id, ErrorKind.UNKNOWN_SESSION, message, result.elapsed_ms)
+        instance = self.executor.sessions.instance if session else None
+        return _to_call_tool_result(result, instance, session)
+
+    def _implicit_session(self, ctx: Any, name: str) -> tuple[str | None, str | None, bool]:
+        """The world of a call that names no session in ``_meta``: the URL's session, else the
+        MCP session's, for a tool that keeps state per session (``keeps_session_state``).
+
+        Returns the session id, the instance it must live on (None: any), and whether it is
+        the MCP session's.
+        """
+        request = getattr(ctx, "request", None)
+        entry = self.registry.entries.get(name)
+        if request is None or entry is None or not keeps_session_state(entry):
+            return None, None, False
+        in_url = request.path_params.get("session")
+        if in_url is not None:
+            return in_url, None, False
+        header = request.headers.get(MCP_SESSION_HEADER)
+        issued = _ISSUED_ID.fullmatch(header) if header else None
+        if issued is None:
+            return None, None, False
+        return header, issued.group(1), True
 
     def _bind(self, caller: Caller, session: str | None, environment: Any) -> tuple[ErrorKind, str] | None:
         """Bind the call's session to ``_meta[ENV_META_KEY]`` (an environment task); why not, if refused.
@@ -332,7 +490,8 @@ class McpEndpoint:
 
         if session is None:
             message = (
-                f"_meta[{ENV_META_KEY!r}] binds the call's session: send _meta[{SESSION_META_KEY!r}] too"
+                f"_meta[{ENV_META_KEY!r}] binds the call's session: send _meta[{SESSION_META_KEY!r}] too, "
+                "or call through /mcp/{toolset}/s/{session}"
             )
             return ErrorKind.BAD_REQUEST, message
         try:

@@ -240,6 +240,40 @@ def openapi_spec() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/sessions/renew": {
+                "post": {
+                    "summary": "Keep sessions alive: restart the TTL of the caller's open sessions among the ids "
+                    "(the trainer client sends this for live trajectories every ttl_s / 3); never opens one",
+                    "requestBody": {
+                        "required": True,
+                        **_json(
+                            {
+                                "type": "object",
+                                "properties": {"sessions": {"type": "array", "items": ID}},
+                                "required": ["sessions"],
+                            }
+                        ),
+                    },
+                    "responses": {
+                        "200": {
+                            "description": "How many were renewed; the ids the caller holds no open session of",
+                            "headers": INSTANCE_ANSWER,
+                            **_json(
+                                {
+                                    "type": "object",
+                                    "properties": {
+                                        "renewed": {"type": "integer"},
+                                        "unknown": {"type": "array", "items": {"type": "string"}},
+                                        "ttl_s": {"type": "number"},
+                                    },
+                                    "required": ["renewed", "unknown", "ttl_s"],
+                                }
+                            ),
+                        },
+                        **_errors(400, 401, 413),
+                    },
+                }
+            },
             "/v1/sessions/{session_id}": {
                 "delete": {
                     "summary": "Release a session and everything it holds",

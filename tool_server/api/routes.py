@@ -76,13 +76,16 @@ class _PlainAsgi:
 
 
 def caller_of(scope: Scope, registry: Registry) -> Caller:
-    """The caller of a request, from what AuthMiddleware put in ``scope["state"]``."""
+    """The caller of a request, from what AuthMiddleware put in ``scope["state"]``.
+
+    Gold (a verifier's details) is for the callers the workbench shows gold to: ``sees_server_wide``.
+    """
     state = scope.get("state") or {}
     toolsets = state.get("toolsets")
     allowed = None
     if toolsets is not None:
         allowed = frozenset(name for ts in toolsets for name in registry.names_in(ts))
-    return Caller(state.get("tenant", ANONYMOUS_TENANT), allowed)
+    return Caller(state.get("tenant", ANONYMOUS_TENANT), allowed, sees_server_wide(scope))
 
 
 def request_header(scope: Scope, name: bytes) -> str | None:
@@ -107,6 +110,8 @@ class HttpApi:
         self.max_batch = executor.config.limits.max_calls_per_batch
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
+        # Which sandbox untrusted code gets (tool_server/sandbox_mode.py), set at start.
+        self.sandbox: dict[str, Any] = {"mode": "unused", "tools": []}
         # Every answer names this process, so a client sees a restart at the same address.
         self._instance = (_INSTANCE_KEY, executor.sessions.instance.encode())
 
@@ -126,6 +131,7 @@ class HttpApi:
             Route("/v1/verify", self.verify, methods=["POST"]),
             Route("/v1/tools", self.tools, methods=["GET"]),
             Route("/v1/sessions", self.create_session, methods=["POST"]),
+            Route("/v1/sessions/renew", self.renew_sessions, methods=["POST"]),
             # :path, so that an id with '/' or '..' in it reaches the handler (404), not a redirect.
             Route("/v1/sessions/{session_id:path}", self.release_session, methods=["DELETE"]),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -271,6 +277,34 @@ class HttpApi:
             answer["environment"] = {"pack": pack, "task": task}
         return self.answer(answer, 201)
 
+    async def renew_sessions(self, request: Request) -> Response:
+        """Keep the caller's open sessions alive: ``{"sessions": [ids]}`` restarts their TTL.
+
+        What the trainer client sends for the sessions of its live trajectories (every third
+        of the ``ttl_s`` answered here), so a trajectory whose policy generates for longer
+        than the TTL keeps its world; one whose client is gone stops renewing and expires.
+        The answer lists the ids the caller holds no open session of (released, expired,
+        another token's): they are not opened.
+        """
+        store = self.executor.sessions
+        try:
+            data = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            return error_response(400, ErrorKind.BAD_REQUEST, f"body is not valid JSON: {exc}")
+        ids = data.get("sessions") if isinstance(data, dict) else None
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+            return error_response(
+                400,
+                ErrorKind.BAD_REQUEST,
+                'body must be {"sessions": ["<session id>", ...]} (non-empty strings)',
+            )
+        if len(ids) > store.max_sessions:  # more than can be open: not a client renewing its own
+            return error_response(
+                413, ErrorKind.TOO_LARGE, f"{len(ids)} ids in one renewal; at most {store.max_sessions}"
+            )
+        unknown = store.renew(self.caller(request.scope).tenant, ids)
+        return self.answer({"renewed": len(ids) - len(unknown), "unknown": unknown, "ttl_s": store.ttl_s})
+
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
         tenant = self.caller(request.scope).tenant
@@ -288,8 +322,9 @@ class HttpApi:
         return self.answer({"status": "ok"})
 
     async def readyz(self, request: Request) -> Response:
-        """Ready or not (200/503) for anyone; what each check found only to a caller who may see
-        every tool (upstream names and their last errors say what the server talks to)."""
+        """Ready or not (200/503) for anyone; what each check found, and which sandbox confines
+        untrusted code, only to a caller who may see every tool (upstream names and their last
+        errors say what the server talks to)."""
         checks = {}
         healthy = self.ready
         for check in self.readiness_checks:
@@ -302,6 +337,7 @@ class HttpApi:
             body |= {
                 "tools": len(self.registry.entries),
                 "in_flight": self.executor.admitted,
+                "sandbox": self.sandbox,
                 "checks": checks,
             }
         return self.answer(body, status)

@@ -27,10 +27,13 @@ class Caller:
     """Who makes a call: the tenant owning its stored results and sessions, and what it may use.
 
     ``allowed`` is the set of tool names the caller's token may call (None: every tool).
+    ``sees_gold``: whether a verifier's details may show it gold values (``sees_server_wide``:
+    a token for every toolset, or a server without tokens; in-process callers are the server's own).
     """
 
     tenant: str = ANONYMOUS_TENANT
     allowed: frozenset[str] | None = None
+    sees_gold: bool = True
 
 
 ANONYMOUS = Caller()

@@ -43,7 +43,7 @@ import pydantic
 from protocol import Call, ErrorKind, Result, SessionState, VerifyRequest, VerifyResult, new_call_id
 from protocol.messages import ErrorInfo
 from tool_server.config import Config
-from tool_server.executor.admission import ANONYMOUS, Admission, Caller, Overloaded
+from tool_server.executor.admission import ANONYMOUS, ANONYMOUS_TENANT, Admission, Caller, Overloaded
 from tool_server.executor.fair_slots import FairSlots
 from tool_server.executor.order import SessionOrder, Turn
 from tool_server.executor.output import OutputShaper
@@ -78,7 +78,12 @@ class Executor:
         self._tool_slots: dict[str, FairSlots] = {}  # tools with a limit of their own
         self._records = CallRecords(config, self.metrics)
         self._order = SessionOrder()
-        self.sessions = SessionStore(config.sessions.ttl_s, config.sessions.max_sessions)
+        self.sessions = SessionStore(
+            config.sessions.ttl_s,
+            config.sessions.max_sessions,
+            config.sessions.max_sessions_per_tenant,
+            sole_tenant=ANONYMOUS_TENANT,
+        )
         self._runner = CallRunner(self.sessions, OutputShaper(limits), limits, self.run_inner)
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -227,21 +232,19 @@ class Executor:
         ``prepared``: keyword arguments already decoded and checked (a verify request).
         """
         call_id = call.call_id
-        # Permission first: what a token may not call, it may not replay or join either.
+        # Permission first: what a token may not call, it may not replay or join either. A tool
+        # outside a scoped token's toolsets is unknown to it, as on /mcp: the answer must not
+        # tell it which other tools exist.
         entry = self.registry.entries.get(call.name)
-        if entry is None:
-            return Result.failure(
-                call_id,
-                ErrorKind.UNKNOWN_TOOL,
-                unknown_tool_message(
-                    call.name,
-                    [n for n in self.registry.entries if caller.allowed is None or n in caller.allowed],
-                ),
-            )
-        if caller.allowed is not None and entry.name not in caller.allowed:
-            return Result.failure(
-                call_id, ErrorKind.UNAUTHORIZED, f"your token is not allowed to call tool {call.name!r}"
-            )
+        if entry is None or (caller.allowed is not None and entry.name not in caller.allowed):
+            names = (n for n in self.registry.entries if caller.allowed is None or n in caller.allowed)
+            message = unknown_tool_message(call.name, names, in_session=call.session is not None)
+            return Result.failure(call_id, ErrorKind.UNKNOWN_TOOL, message)
+        if entry.is_verifier and prepared is None and call.session is not None:
+            # A verifier called as a tool from a session (a trajectory's calls all carry its
+            # session) would show the policy its own gold. Verify requests come with
+            # ``prepared``; a sessionless tool call (an evaluation harness) may still score.
+            return Result.failure(call_id, ErrorKind.UNAUTHORIZED, verifier_in_session_message(call.name))
         if entry.needs_session and call.session is None:
             return Result.failure(
                 call_id,
@@ -366,11 +369,25 @@ class _Ticket:
     lent: SessionState | None = None  # an inner call's: its agent call's throwaway session
 
 
-def unknown_tool_message(name: str, names: Iterable[str]) -> str:
-    """Say that ``name`` is unknown and hint at the tools the caller can see."""
+def unknown_tool_message(name: str, names: Iterable[str], *, in_session: bool = False) -> str:
+    """Say that ``name`` is unknown and hint at the tools the caller can see.
+
+    No hint ``in_session``: a trajectory learns tool names from its task, and the server
+    cannot tell which ones it has been shown (BFCL miss_func holds some back for later
+    turns; verifiers and other toolsets are not its to find).
+    """
+    if in_session:
+        return f"no tool named {name!r} is available to you; call only the tools you were given"
     names = sorted(names)
     close = [n for n in names if n.lower().startswith(name.lower()[:3])][:5] or names[:10]
     return f"no tool named {name!r}; available tools include: {', '.join(close) or 'none'}"
+
+
+def verifier_in_session_message(name: str) -> str:
+    return (
+        f"{name} is a verifier: it cannot be called as a tool inside a session (a trajectory would "
+        "read its own gold); score a trajectory with POST /v1/verify, passing its session in the request"
+    )
 
 
 def to_verify_result(result: Result, request_id: str | None) -> VerifyResult:

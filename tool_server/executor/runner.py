@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 
 from protocol import Call, ErrorKind, Result, SessionState, ToolError, VerifyRequest, new_call_id
-from tool_server.executor.admission import Caller
+from tool_server.executor.admission import ANONYMOUS_TENANT, Caller
 from tool_server.executor.output import OutputShaper
 from tool_server.registry import ToolEntry
 from tool_server.sessions import SessionStore
@@ -51,6 +51,19 @@ class CallContext:
         self._throwaway = throwaway
         self.call_id = call_id
         self.session = session
+
+    @property
+    def sees_gold(self) -> bool:
+        """Whether the caller may see gold values (``Caller.sees_gold``): a verifier leaves
+        them out of its details otherwise."""
+        return self._caller.sees_gold
+
+    @property
+    def tenant(self) -> str | None:
+        """The caller's tenant, for a tool that shares a budget between tenants (the python
+        tool's interpreters); None for a server without tokens or the server's own calls."""
+        tenant = self._caller.tenant
+        return None if tenant == ANONYMOUS_TENANT else tenant
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Result:
         if self._throwaway:
@@ -118,7 +131,7 @@ class CallRunner:
             kwargs, session = self._prepare(call, entry, caller, kwargs, lent or ephemeral)
             timeout = min(entry.meta.timeout_s, self.max_timeout_s)
             if entry.upstream is not None:  # the session carries per-trajectory upstream state
-                return self.shaper.checked(await entry.func(call, timeout, session))
+                return self.shaper.checked(await entry.func(call, timeout, session, caller.tenant))
             try:
                 async with asyncio.timeout(timeout) as deadline:
                     if entry.is_async:

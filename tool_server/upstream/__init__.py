@@ -11,7 +11,12 @@ starts them and keeps the registry in step with their tool lists. The parts:
 * ``supervisor``: the connection kept alive (reconnects, probes, tool-list changes);
 * ``sessions``: the per-session processes of a ``per_session`` server;
 * ``transport``, ``stdio`` and ``stderr``: the connection, the bounded stdio reader, and what
-  the process said.
+  the process said;
+* ``reaper``: the small process a stdio server runs under, which takes every process the
+  server started down with it (at release, at shutdown, and when the tool server dies).
+
+Argument and result schemas from upstreams are checked with ``tools.patterns`` (patterns on
+RE2, in linear time); a tool whose pattern RE2 cannot run is not served.
 """
 
 from tool_server.upstream.hosting import (

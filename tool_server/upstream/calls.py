@@ -80,10 +80,19 @@ def call_error(exc: Exception, *, tool: str, upstream_tool: str, label: str, dea
     ):
         lost = f"{type(exc).__name__}: {exc}"
         return CallError(ErrorKind.UNAVAILABLE, f"{label} is unreachable: {exc}", lost)
+    if isinstance(exc, RuntimeError) and _result_check(str(exc)):
+        return CallError(ErrorKind.TOOL_ERROR, f"{tool}: {exc}")
     if isinstance(exc, RuntimeError):  # the client was closed under us by a reconnect
         return CallError(ErrorKind.UNAVAILABLE, f"{label} is reconnecting: {exc}")
     # e.g. output that fails the tool's own outputSchema
     return CallError(ErrorKind.TOOL_ERROR, f"{tool}: {type(exc).__name__}: {exc}")
+
+
+def _result_check(message: str) -> bool:
+    """The SDK's RuntimeError for a result that fails the tool's own outputSchema (or for that schema)."""
+    return message.startswith(("Invalid structured content returned by tool", "Invalid schema for tool")) or (
+        "has an output schema but did not return structured content" in message
+    )
 
 
 def _too_large(exc: MCPError) -> bool:

@@ -3,6 +3,10 @@
 Entries come in the JSON shapes the MCP clients use (Claude Desktop, Cursor, Cline/Roo,
 VS Code's ``servers`` with ``type``); ``${NAME}``, ``${env:NAME}`` and ``${NAME:-default}``
 are read from the environment. Every error is a ValueError that names the server and the key.
+
+``${session}`` and ``${session_dir}`` are no environment variables: they stay in the spec
+and ``for_session`` fills them in for each process of a ``per_session`` server (its
+session's id, and a private directory that lives as long as the process).
 """
 
 from __future__ import annotations
@@ -18,18 +22,26 @@ __all__ = [
     "OPTION_KEYS",
     "HttpSpec",
     "StdioSpec",
+    "SESSION_ID_PATTERN",
     "backoff",
     "byte_limit",
     "flag",
+    "for_session",
     "interval",
     "parse_options",
     "parse_spec",
     "positive",
+    "session_placeholders",
     "text",
 ]
 
 _REFERENCE = re.compile(r"\$\{([^}]*)\}")
 _ENV_REF = re.compile(r"(?:env:)?([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?", re.DOTALL)  # inside ${...}
+# Filled in per process of a per_session server (for_session), not read from the environment.
+_SESSION_REF = re.compile(r"\$\{(session|session_dir)\}")
+# A session id that may stand in an argument or a path: no option (leading "-"), no "..", no "/".
+SESSION_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+_TEMP_VARIABLES = ("TMPDIR", "TMP", "TEMP")  # where Python, C and most tools put temporary files
 
 _STDIO_KEYS = {"command", "args", "env", "envFile", "cwd"}
 _HTTP_KEYS = {"url", "headers"}
@@ -51,6 +63,7 @@ OPTION_KEYS = frozenset(
         "session_arg",
         "per_session",
         "max_sessions",
+        "max_sessions_per_tenant",
         "max_message_bytes",
     }
 )
@@ -76,6 +89,8 @@ def _expand(value: str, where: str) -> str:
 
     def sub(match: re.Match[str]) -> str:
         reference = match.group(0)
+        if _SESSION_REF.fullmatch(reference):
+            return reference  # a per-session value: for_session fills it in
         if reference.startswith("${input:"):
             raise ValueError(
                 f"{where} uses a VS Code input variable ({reference}); the server cannot prompt "
@@ -183,6 +198,52 @@ def _stdio_spec(where: str, spec: dict[str, Any]) -> StdioSpec:
         args=[_expand(str(a), f"{where}.args") for a in args],
         env=env,
         cwd=_expand(cwd, f"{where}.cwd") if cwd else None,
+    )
+
+
+def _values(spec: StdioSpec | HttpSpec) -> dict[str, str]:
+    """Every string of ``spec`` by the key that holds it (``args[0]``, ``env.STATE_DIR``)."""
+    if isinstance(spec, HttpSpec):
+        return {"url": spec.url, **{f"headers.{k}": v for k, v in spec.headers.items()}}
+    return {
+        "command": spec.command,
+        **{f"args[{i}]": arg for i, arg in enumerate(spec.args)},
+        **{f"env.{k}": v for k, v in spec.env.items()},
+        "cwd": spec.cwd or "",
+    }
+
+
+def session_placeholders(spec: StdioSpec | HttpSpec) -> list[str]:
+    """The keys of ``spec`` that use ``${session}`` or ``${session_dir}``."""
+    return [key for key, value in _values(spec).items() if _SESSION_REF.search(value)]
+
+
+def for_session(spec: StdioSpec, session_id: str, directory: str) -> StdioSpec:
+    """``spec`` for the process of one session: ``${session}`` and ``${session_dir}`` filled in,
+    and its temporary files (``TMPDIR``, ``TMP``, ``TEMP``) in ``directory`` unless ``env`` sets them.
+
+    ValueError when ``spec`` uses ``${session}`` and the id could be read as an option or as
+    a path that leads elsewhere (``-x``, ``../x``, ``a/b``): only ``SESSION_ID_PATTERN`` ids fit.
+    """
+    with_id = [key for key, value in _values(spec).items() if "${session}" in value]
+    if with_id and not SESSION_ID_PATTERN.fullmatch(session_id):
+        raise ValueError(
+            f"session id {session_id[:80]!r} cannot stand in ${{session}} ({', '.join(with_id)}): use "
+            "session ids of letters, digits, '_', '-' and '.' that start with a letter, digit or '_'"
+        )
+    values = {"session": session_id, "session_dir": directory}
+
+    def fill(value: str) -> str:
+        return _SESSION_REF.sub(lambda match: values[match.group(1)], value)
+
+    env = {key: fill(value) for key, value in spec.env.items()}
+    for name in _TEMP_VARIABLES:
+        env.setdefault(name, directory)
+    return StdioSpec(
+        command=spec.command,
+        args=[fill(arg) for arg in spec.args],
+        env=env,
+        cwd=fill(spec.cwd) if spec.cwd else None,
     )
 
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from protocol import Result, SessionState
+from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.upstream.config import (
     CLIENT_ONLY_KEYS,
     OPTION_KEYS,
@@ -183,9 +184,14 @@ class Upstreams:
 
 
 def _invoker(server: UpstreamServer, tool: UpstreamTool) -> Callable[..., Any]:
-    """The registry entry's ``func``: the executor calls it with the call and its session."""
+    """The registry entry's ``func``: the executor calls it with the call, its session and the
+    session's tenant (whose share of per-session instances it counts against)."""
 
-    async def invoke(call: Any, timeout_s: float, session: SessionState | None = None) -> Result:
-        return await server.call(tool.local, call.arguments, timeout_s, call_id=call.call_id, session=session)
+    async def invoke(
+        call: Any, timeout_s: float, session: SessionState | None = None, tenant: str = ANONYMOUS_TENANT
+    ) -> Result:
+        return await server.call(
+            tool.local, call.arguments, timeout_s, call_id=call.call_id, session=session, tenant=tenant
+        )
 
     return invoke

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
@@ -21,6 +23,7 @@ from typing import Any, TextIO
 import anyio
 
 from protocol import ErrorKind, Result, SessionState, ToolError
+from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.upstream.calls import call_error, call_outcome, failure, request_meta
 from tool_server.upstream.config import (
     HttpSpec,
@@ -28,9 +31,11 @@ from tool_server.upstream.config import (
     backoff,
     byte_limit,
     flag,
+    for_session,
     interval,
     parse_spec,
     positive,
+    session_placeholders,
     text,
 )
 from tool_server.upstream.sessions import SessionPool
@@ -43,6 +48,7 @@ logger = logging.getLogger("tool_server.upstream")
 
 
 DEFAULT_SEPARATOR = "__"
+CATALOG_SESSION = "_catalog"  # ${session} of a per_session server's process that lists its tools
 _SERVER_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -70,6 +76,12 @@ class UpstreamServer:
             it is taken out of the schema the model sees.
         per_session: one process per session (stdio only), for servers that keep state in
             memory; at most ``max_sessions`` at once, each stopped when its session closes.
+            Each runs with a private directory (its ``TMPDIR``; ``${session_dir}`` in ``args``,
+            ``env`` and ``cwd``), removed when it stops, and ``${session}`` is its session's id:
+            a server that keeps its world in files names them there.
+        max_sessions_per_tenant: how many of those one token (tenant) may hold; None: 3/4 of
+            ``max_sessions`` (at least 1), so one tenant's sessions leave room for the others.
+            A server without tokens has one tenant, which may hold all ``max_sessions``.
         max_message_bytes: the most one message from the server may take (stdio); a longer
             one is discarded as it arrives and the call it answers fails (``too_large``).
         disabled_tools: upstream tool names not to expose.
@@ -95,6 +107,7 @@ class UpstreamServer:
         session_arg: str | None = None,
         per_session: bool = False,
         max_sessions: int = 8,
+        max_sessions_per_tenant: int | None = None,
         max_message_bytes: int = 32 * 1024 * 1024,
         disabled_tools: Iterable[str] = (),
         restart: bool = True,
@@ -119,9 +132,14 @@ class UpstreamServer:
         self.required = flag(required, f"{where}.required")
         self.session_meta = flag(session_meta, f"{where}.session_meta")
         self.per_session = flag(per_session, f"{where}.per_session")
-        self._check_session_options(session_arg, max_sessions)
+        self._check_session_options(session_arg, max_sessions, max_sessions_per_tenant)
         self.session_arg = session_arg
         self.max_sessions = int(max_sessions)
+        self.max_sessions_per_tenant = (
+            max(1, self.max_sessions * 3 // 4)
+            if max_sessions_per_tenant is None
+            else min(int(max_sessions_per_tenant), self.max_sessions)
+        )
         self.max_message_bytes = byte_limit(max_message_bytes, f"{where}.max_message_bytes")
         self.disabled_tools = frozenset(disabled_tools)
         self.restart = restart
@@ -131,8 +149,15 @@ class UpstreamServer:
 
         self._catalog: list[UpstreamTool] = []
         self._upstream_names: dict[str, str] = {}  # local (exported, no namespace) name -> upstream name
+        self._refused: dict[str, str] = {}  # exported name -> why it is not served
         self._link = Supervisor(self)
-        self._pool = SessionPool(self, self.max_sessions) if self.per_session else None
+        self._pool = (
+            SessionPool(self, self.max_sessions, self.max_sessions_per_tenant) if self.per_session else None
+        )
+        # A per_session server's spec as configured, ${session} and ${session_dir} still in it:
+        # each process gets it filled in (spawn_instance; start, for the one that lists the tools).
+        self._template = self.spec if self.per_session and isinstance(self.spec, StdioSpec) else None
+        self._private_dir: str | None = None  # this process's ${session_dir}, removed by stop()
 
     def _check_names(self) -> None:
         where = f"mcpServers.{self.name}"
@@ -143,14 +168,27 @@ class UpstreamServer:
         if len(self.prefix) > MAX_NAME_LENGTH // 2:
             raise ValueError(f"{where}: namespace plus separator {self.prefix!r} is over 32 characters")
 
-    def _check_session_options(self, session_arg: Any, max_sessions: Any) -> None:
+    def _check_session_options(self, session_arg: Any, max_sessions: Any, per_tenant: Any) -> None:
         where = f"mcpServers.{self.name}"
         if session_arg is not None and (not isinstance(session_arg, str) or not session_arg):
             raise ValueError(f"{where}.session_arg must be an argument name, got {session_arg!r}")
         if self.per_session and not isinstance(self.spec, StdioSpec):
             raise ValueError(f"{where}.per_session needs a stdio server (a command): a URL is one server")
+        placeholders = session_placeholders(self.spec)
+        if placeholders and (not self.per_session or "command" in placeholders):
+            raise ValueError(
+                f"{where}.{placeholders[0]} uses ${{session}} or ${{session_dir}}, which only the args, env "
+                "and cwd of a per_session server have (one process per session); set per_session: true, "
+                "or let one shared process tell sessions apart with session_arg"
+            )
         if isinstance(max_sessions, bool) or not isinstance(max_sessions, int) or max_sessions < 1:
             raise ValueError(f"{where}.max_sessions must be a positive integer, got {max_sessions!r}")
+        if per_tenant is not None and (
+            isinstance(per_tenant, bool) or not isinstance(per_tenant, int) or per_tenant < 1
+        ):
+            raise ValueError(
+                f"{where}.max_sessions_per_tenant must be a positive integer (or null), got {per_tenant!r}"
+            )
 
     # ---------------------------------------------------------------- public view
 
@@ -206,12 +244,14 @@ class UpstreamServer:
             "restarts": self._link.restarts,
             "last_error": self._link.last_error,
             "tools": len(self._catalog),
+            "refused_tools": list(self._refused.values()),
             "protocol_version": self._link.protocol_version,
             "uptime_s": round(time.monotonic() - up_since, 3) if up_since is not None else None,
         }
         if self._pool is not None:
             status["sessions"] = len(self._pool)
             status["max_sessions"] = self.max_sessions
+            status["max_sessions_per_tenant"] = self.max_sessions_per_tenant
         return status
 
     # ------------------------------------------------------------------ lifecycle
@@ -227,6 +267,10 @@ class UpstreamServer:
         Returns even if the upstream could not be reached: ``healthy`` is then False,
         ``last_error`` says why, and the supervisor keeps retrying in the background.
         """
+        if self._template is not None and self._private_dir is None:
+            # The process that lists the tools serves no session: it gets a directory and an id of its own.
+            self._private_dir = _new_private_dir(self.name)
+            self.spec = for_session(self._template, CATALOG_SESSION, self._private_dir)
         self._link.start()
         if wait:
             await self.wait_attempted(self.connect_timeout_s + 5)
@@ -244,6 +288,9 @@ class UpstreamServer:
         """
         waits = [self._link.stop()] + ([self._pool.stop()] if self._pool is not None else [])
         await asyncio.gather(*waits, return_exceptions=True)
+        if self._private_dir is not None:  # after the process: it may write there until it ends
+            directory, self._private_dir = self._private_dir, None
+            await anyio.to_thread.run_sync(shutil.rmtree, directory, True)
 
     async def __aenter__(self) -> UpstreamServer:
         await self.start()
@@ -262,11 +309,13 @@ class UpstreamServer:
         *,
         call_id: str = "",
         session: SessionState | None = None,
+        tenant: str = ANONYMOUS_TENANT,
     ) -> Result:
         """Call one upstream tool by its name without the namespace; never raises.
 
         ``session`` (the trajectory's) travels as configured: in ``_meta``, in the
-        ``session_arg`` argument, or by choosing the session's own instance.
+        ``session_arg`` argument, or by choosing the session's own instance, which counts
+        against ``tenant``'s share (the token that owns the session).
         """
         started = time.perf_counter()
         deadline = self.call_timeout_s if timeout_s is None else float(timeout_s)
@@ -279,7 +328,7 @@ class UpstreamServer:
             # The session's instance may have to start first: that counts against the deadline.
             try:
                 with anyio.fail_after(deadline):
-                    target = await self._pool.instance_for(session)
+                    target = await self._pool.instance_for(session, tenant)
             except TimeoutError:
                 message = (
                     f"no instance of {self.label} was ready for this session within the call's "
@@ -335,11 +384,26 @@ class UpstreamServer:
 
     # --------------------------------------------------------- per-session pool
 
-    def spawn_instance(self) -> UpstreamServer:
-        """A new, unstarted instance of this server for one session (``per_session``)."""
+    def spawn_instance(self, session_id: str) -> UpstreamServer:
+        """A new, unstarted instance of this server for one session (``per_session``), with a
+        private directory of its own (removed by its ``stop``); ToolError if it cannot have one."""
+        assert self._template is not None  # per_session is checked to be stdio
+        try:
+            directory = _new_private_dir(self.name)
+        except OSError as exc:
+            raise ToolError(
+                f"cannot create this session's directory for {self.label}: {exc}; free space in "
+                f"{tempfile.gettempdir()} (TMPDIR)",
+                ErrorKind.UNAVAILABLE,
+            ) from None
+        try:
+            spec = for_session(self._template, session_id, directory)
+        except ValueError as exc:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ToolError(f"{self.label}: {exc}", ErrorKind.BAD_REQUEST) from None
         instance = UpstreamServer(
             self.name,
-            self.spec,
+            spec,
             namespace=self.namespace,
             separator=self.separator,
             call_timeout_s=self.call_timeout_s,
@@ -351,6 +415,8 @@ class UpstreamServer:
             errlog=self.errlog,
         )
         instance.session_meta = False  # the parent sets _meta and arguments
+        instance._private_dir = directory
+        instance._refused = dict(self._refused)  # already logged by the parent
         instance.label = f"this session's instance of {self.label}"
         return instance
 
@@ -358,7 +424,11 @@ class UpstreamServer:
 
     def apply_tools(self, listed: list[dict[str, Any]]) -> bool:
         """Take the upstream's ``tools/list`` (the supervisor's); returns whether the catalog changed."""
-        catalog = build_catalog(self, listed)
+        refused: dict[str, str] = {}
+        catalog = build_catalog(self, listed, refused)
+        for why in (why for name, why in refused.items() if self._refused.get(name) != why):
+            logger.warning("upstream %s: %s", self.name, why)  # once, not on every probe
+        self._refused = refused
         changed = catalog != self._catalog
         self._catalog = catalog
         self._upstream_names = {tool.local: tool.upstream_name for tool in catalog}
@@ -372,3 +442,8 @@ class UpstreamServer:
             self.on_tools_changed(self)
         except Exception:  # the registry's trouble must not take the connection down
             logger.exception("upstream %s: applying its new tool list failed", self.name)
+
+
+def _new_private_dir(server: str) -> str:
+    """A new directory only this user may enter (``mkdtemp``), in the tool server's TMPDIR."""
+    return tempfile.mkdtemp(prefix=f"toolfactory-{server}-")

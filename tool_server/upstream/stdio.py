@@ -11,14 +11,22 @@ It yields what the SDK's ``ClientSession`` expects of a transport: a stream of
 ``SessionMessage`` (or the ``Exception`` of a line that is not JSON-RPC) and a stream
 it writes ``SessionMessage`` to. Shutdown follows the MCP spec: close stdin, wait,
 then SIGTERM and SIGKILL the process group.
+
+The command runs under ``reaper`` (a small process of its own group): every process the
+server starts, even one that left the group, ends when the server's main process ends,
+when the connection is shut down, and when the tool server dies, SIGKILL included.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
+import os
 import re
+import shutil
+import sys
 from collections.abc import AsyncIterator
 from typing import Any, TextIO
 
@@ -46,6 +54,7 @@ _HEAD_BYTES = 4096  # of an oversize message, kept to find the id of the request
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _COLON = re.compile(rb"\s*:")
 _ID_VALUE = re.compile(rb'\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+_REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py")
 
 
 class Oversize:
@@ -103,9 +112,12 @@ async def bounded_stdio_client(
     spec: StdioSpec, *, errlog: TextIO, max_message_bytes: int
 ) -> AsyncIterator[tuple[Any, Any]]:
     """Starts the server of ``spec`` and yields the SDK session's (read, write) streams to it."""
+    env = get_default_environment() | spec.env
+    _check_command(spec.command, env, spec.cwd)
     process = await anyio.open_process(
-        [spec.command, *spec.args],
-        env=get_default_environment() | spec.env,
+        # -I -S: the reaper needs the standard library only, and none of our environment's settings
+        [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), spec.command, *spec.args],
+        env=env,
         stderr=errlog,
         cwd=spec.cwd,
         start_new_session=True,  # its own process group: shutdown kills the whole tree
@@ -154,6 +166,19 @@ async def bounded_stdio_client(
                     await writer_done.wait()
                 await _stop(process)
             tasks.cancel_scope.cancel()
+
+
+def _check_command(command: str, env: dict[str, str], cwd: str | None) -> None:
+    """Raise what starting ``command`` directly would (FileNotFoundError, PermissionError):
+    the reaper starts it, and the operator's message must still say which is wrong."""
+    if os.sep in command:
+        path = os.path.join(cwd or os.getcwd(), command)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
+        if not os.access(path, os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), command)
+    elif shutil.which(command, path=env.get("PATH", os.defpath)) is None:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command)
 
 
 def _message(line: bytes | Oversize) -> SessionMessage | Exception:

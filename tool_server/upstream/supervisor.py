@@ -22,6 +22,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tool_server.upstream.config import HttpSpec, StdioSpec
 from tool_server.upstream.stderr import StderrCapture
+from tool_server.upstream.tools import output_validator
 from tool_server.upstream.transport import describe_failure, open_transport
 
 __all__ = ["State", "Supervisor"]
@@ -192,6 +193,7 @@ class Supervisor:
                 transport, read_timeout_seconds=server.connect_timeout_s, message_handler=on_message
             ) as client,
         ):
+            _outputs_on_re2(client)
             changed = await self._load_tools(client)
             self.protocol_version = client.protocol_version
             self.client = client
@@ -294,6 +296,20 @@ class Supervisor:
         return describe_failure(
             exc, self.server.name, self.server.spec, self.server.connect_timeout_s, stderr
         )
+
+
+def _outputs_on_re2(client: Client) -> None:
+    """The SDK checks each result against the tool's ``outputSchema`` with jsonschema and
+    Python's backtracking ``re``; the upstream wrote both. Its hook (mcp 2.3.0, pinned) gets
+    ours, which runs the patterns on RE2 (``tools.output_validator``)."""
+    kept: dict[str, tuple[Any, Any]] = {}  # tool -> (schema, its validator): built once per schema
+
+    def validator(name: str, schema: dict[str, Any]) -> Any:
+        if name not in kept or kept[name][0] is not schema:
+            kept[name] = (schema, output_validator(name, schema))
+        return kept[name][1]
+
+    client.session._output_schema_validator = validator  # type: ignore[method-assign]
 
 
 def _notify(notices: MemoryObjectSendStream[None]) -> None:

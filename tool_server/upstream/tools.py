@@ -3,7 +3,8 @@
 ``build_catalog`` turns a server's ``tools/list`` into ``UpstreamTool``s: the exported
 name (namespace included), the upstream's own descriptor (title, annotations, output
 schema), and a validator for its ``inputSchema``, so a bad call is ``invalid_arguments``
-before it reaches the upstream.
+before it reaches the upstream. The schema's patterns run on RE2 (``tools.patterns``): a
+tool whose schema has a pattern RE2 cannot run is not served, and its server's status says why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, Protocol
 import jsonschema
 
 from protocol import META_KEY, ToolMeta
+from tool_server.config import ConfigError
+from tools.patterns import UnsafePattern, check_patterns, linear_validator
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -25,6 +28,7 @@ __all__ = [
     "UpstreamTool",
     "build_catalog",
     "export_names",
+    "output_validator",
     "schema_validator",
 ]
 
@@ -90,9 +94,11 @@ def _problem(error: jsonschema.ValidationError) -> str:
 def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """Check arguments against a tool's ``inputSchema`` (its ``$schema``, else draft 2020-12).
 
-    Raises ValueError naming each bad argument, so a bad call is ``invalid_arguments``
-    before it reaches the upstream. An invalid schema is not enforced (and logged), nor
-    one that fails while checking (a ``$ref`` to nowhere): the upstream checks its own.
+    The validator raises ValueError naming each bad argument, so a bad call is
+    ``invalid_arguments`` before it reaches the upstream. An invalid schema is not enforced
+    (and logged), nor one that fails while checking (a ``$ref`` to nowhere): the upstream
+    checks its own. Patterns run on RE2, in time linear in the argument: a schema with a
+    pattern RE2 cannot run raises ConfigError here (the tool is not served).
     """
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
@@ -102,7 +108,10 @@ def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, A
             "upstream tool %s has an invalid inputSchema (%s); arguments pass unchecked", tool, exc.message
         )
         return _any_object
-    validator = cls(schema)
+    try:
+        validator = linear_validator(schema)
+    except UnsafePattern as exc:
+        raise ConfigError(f"tool {tool!r}: its inputSchema: {exc}") from None
     broken: list[str] = []  # why the schema cannot be checked, once found
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +132,22 @@ def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, A
         return arguments
 
     return validate
+
+
+def output_validator(tool: str, schema: dict[str, Any]) -> Any:
+    """What the SDK checks a result's ``structuredContent`` with: the tool's ``outputSchema``,
+    its patterns on RE2 (the upstream wrote both the schema and the result).
+
+    Raises RuntimeError as the SDK's own check does for a schema it cannot use.
+    """
+    cls = jsonschema.validators.validator_for(schema)
+    try:
+        cls.check_schema(schema)
+        return linear_validator(schema)
+    except jsonschema.SchemaError as exc:
+        raise RuntimeError(f"Invalid schema for tool {tool}: {exc.message}") from None
+    except UnsafePattern as exc:
+        raise RuntimeError(f"Invalid schema for tool {tool}: {exc}") from None
 
 
 def _any_object(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -166,8 +191,11 @@ class CatalogSource(Protocol):
     stateful: bool
 
 
-def build_catalog(server: CatalogSource, listed: list[dict[str, Any]]) -> list[UpstreamTool]:
-    """The tools ``server`` exposes from its ``tools/list``: disabled ones and repeats left out."""
+def build_catalog(
+    server: CatalogSource, listed: list[dict[str, Any]], refused: dict[str, str] | None = None
+) -> list[UpstreamTool]:
+    """The tools ``server`` exposes from its ``tools/list``: disabled ones and repeats left out,
+    and those whose schema cannot be checked safely (why, by exported name, into ``refused``)."""
     offered: dict[str, dict[str, Any]] = {}
     for raw in listed:
         if raw["name"] in offered:
@@ -175,7 +203,17 @@ def build_catalog(server: CatalogSource, listed: list[dict[str, Any]]) -> list[U
         elif raw["name"] not in server.disabled_tools:
             offered[raw["name"]] = raw
     names = export_names(server.prefix, offered)
-    return [_tool(server, names[name], raw) for name, raw in offered.items()]
+    catalog = []
+    for name, raw in offered.items():
+        try:
+            catalog.append(_tool(server, names[name], raw))
+        except ConfigError as exc:
+            if refused is not None:
+                refused[names[name]] = (
+                    f"{exc}; not exposed: fix the server's schema, or list {name!r} in "
+                    f"mcpServers.{server.name}.disabledTools"
+                )
+    return catalog
 
 
 def _tool(server: CatalogSource, exported: str, raw: dict[str, Any]) -> UpstreamTool:
@@ -185,6 +223,10 @@ def _tool(server: CatalogSource, exported: str, raw: dict[str, Any]) -> Upstream
     if server.session_arg is not None:
         schema = _without_argument(schema, server.session_arg)
     description = raw.get("description") or f"{raw['name']} (from upstream MCP server '{server.name}')"
+    try:
+        check_patterns(raw.get("outputSchema"))  # the SDK checks its results against it
+    except UnsafePattern as exc:
+        raise ConfigError(f"tool {exported!r}: its outputSchema: {exc}") from None
     meta = ToolMeta(
         name=exported,
         description=description,

@@ -25,7 +25,7 @@ from tool_server.api.auth import sees_server_wide
 from tool_server.api.routes import HttpApi, error_response, json_response
 from tool_server.config import Config
 from tool_server.executor.admission import ANONYMOUS_TENANT
-from tool_server.workbench.files import FileError, Files, TrajectoryIndex
+from tool_server.workbench.files import UPLOAD_PREFIX, FileError, Files, TrajectoryIndex
 from tool_server.workbench.live import metrics_snapshot
 from tool_server.workbench.runs import find_runs, read_runs
 from tool_server.workbench.tensorboard import ScalarReader, TensorBoardMissing
@@ -35,6 +35,10 @@ __all__ = ["Workbench"]
 
 STATIC = Path(__file__).parent / "static"
 MAX_PAGE = 500
+NO_RUNS_DIR = (
+    "this server has no runs directory: upload a file, or start it with workbench.runs_dir "
+    "(config, or TOOLFACTORY__WORKBENCH__RUNS_DIR) naming the directory of your rollout files and runs"
+)
 
 
 class Workbench:
@@ -45,7 +49,7 @@ class Workbench:
         self.token_required = token_required
         self.registry = api.registry
         self.files = Files(config.workbench.runs_dir)
-        self.index = TrajectoryIndex()
+        self.index = TrajectoryIndex(config.workbench.index_max_lines, config.workbench.index_max_bytes)
         self.tokens = TokenText(config.workbench.tokenizer)
         self.scalars = ScalarReader()
         self.max_upload = config.limits.max_request_bytes
@@ -125,7 +129,7 @@ class Workbench:
     async def list_files(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        files = await anyio.to_thread.run_sync(self.files.listing, ".jsonl", _tenant(request))
+        files = await anyio.to_thread.run_sync(self._listing, _tenant(request))
         runs_dir = str(self.files.runs_dir) if self.files.runs_dir else None
         return json_response({"runs_dir": runs_dir, "files": files})
 
@@ -135,7 +139,8 @@ class Workbench:
         body = await request.body()  # BodyLimitMiddleware caps it at limits.max_request_bytes
         if not body.strip():
             return error_response(400, ErrorKind.BAD_REQUEST, "the upload is empty")
-        name = self.files.add_upload(request.query_params.get("name", "upload.jsonl"), body, _tenant(request))
+        wanted = request.query_params.get("name", "upload.jsonl")
+        name = await anyio.to_thread.run_sync(self.files.add_upload, wanted, body, _tenant(request))
         return json_response({"file": name}, 201)
 
     async def trajectories(self, request: Request) -> Response:
@@ -147,7 +152,7 @@ class Workbench:
             offset, limit = _int(params, "offset", 0), min(_int(params, "limit", 50), MAX_PAGE)
             page = await anyio.to_thread.run_sync(self.index.page, path, dict(params), offset, limit)
         except FileError as exc:
-            return error_response(exc.status, ErrorKind.BAD_REQUEST, str(exc))
+            return self._file_failure(exc, params.get("file", ""))
         return json_response(page)
 
     async def trajectory(self, request: Request) -> Response:
@@ -157,15 +162,43 @@ class Workbench:
         try:
             path = self.files.resolve(params.get("file", ""), _tenant(request))
             line = _int(params, "line", 0)
-            record = await anyio.to_thread.run_sync(self.index.record, path, line)
-            siblings = await anyio.to_thread.run_sync(self.index.siblings, path, line)
+            body = await anyio.to_thread.run_sync(self._trajectory, path, line)
         except FileError as exc:
-            return error_response(exc.status, ErrorKind.BAD_REQUEST, str(exc))
-        ids = record.get("response_ids") or []
-        texts = await anyio.to_thread.run_sync(self.tokens.texts, ids)
+            return self._file_failure(exc, params.get("file", ""))
+        return Response(body, media_type="application/json")
+
+    def _file_failure(self, exc: FileError, name: str) -> Response:
+        """A file the page may not have, with the kind that says whose side the fault is on."""
+        if exc.status == 404 and self.files.runs_dir is None and not name.startswith(UPLOAD_PREFIX):
+            # Nothing in the request is wrong: the server was started without a runs directory.
+            return error_response(404, ErrorKind.UNAVAILABLE, NO_RUNS_DIR)
+        kind = ErrorKind.UNAUTHORIZED if exc.status == 403 else ErrorKind.BAD_REQUEST
+        return error_response(exc.status, kind, str(exc))
+
+    def _listing(self, tenant: str) -> list[dict[str, Any]]:
+        """The files the page may open, each with its index as it stands (being built, cut short)."""
+        files = self.files.listing(".jsonl", tenant)
+        for entry in files:
+            entry["index"] = self.index.status(entry.pop("path"))
+        return files
+
+    def _trajectory(self, path: Path, line: int) -> bytes:
+        """One trajectory as the view wants it; a malformed record comes without its bad fields,
+        and ``problems`` says what they were (the view shows them as the record's error mark)."""
+        answer = self.index.trajectory(path, line)
+        record, problems = answer["record"], answer["problems"]
         record.pop("prompt_ids", None)  # the prompt is shown as messages
-        body = {"line": line, "record": record, "token_texts": texts, "siblings": siblings}
-        return Response(orjson.dumps(body), media_type="application/json")
+        try:
+            texts = self.tokens.texts(record.get("response_ids") or [])
+        except Exception as exc:  # ids the tokenizer has no text for (e.g. beyond its vocabulary)
+            texts = None
+            problems.append(
+                f"response_ids: the tokenizer cannot decode them ({type(exc).__name__}: {exc})"[:300]
+            )
+        siblings = answer["siblings"]
+        return orjson.dumps(
+            {"line": line, "record": record, "problems": problems, "token_texts": texts, "siblings": siblings}
+        )
 
     async def runs(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
@@ -182,7 +215,7 @@ class Workbench:
         runs_dir = self.files.runs_dir
         name, tag = request.query_params.get("run", ""), request.query_params.get("tag", "")
         if runs_dir is None:
-            return error_response(404, ErrorKind.BAD_REQUEST, "this server has no runs directory")
+            return error_response(404, ErrorKind.UNAVAILABLE, NO_RUNS_DIR)
         found = await anyio.to_thread.run_sync(find_runs, runs_dir)
         if name not in found or not found[name].events:
             return error_response(404, ErrorKind.BAD_REQUEST, f"no run {name!r} with TensorBoard event files")

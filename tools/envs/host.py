@@ -214,7 +214,9 @@ class EnvHost:
     def call(self, session: SessionState | None, pack: Pack, name: str, arguments: dict[str, Any]) -> Any:
         """Run tool ``name`` of ``pack`` in the session's world; a JSON-able snapshot of its output.
 
-        A tool the session's task does not expose is refused (and logged as a failed call).
+        A tool the session's task does not expose is refused (and logged as a failed call),
+        without naming the task's tools: some are held back until a later turn (BFCL
+        miss_func), and the server cannot tell which the trajectory has been shown.
         """
         if session is None:
             raise ToolError(
@@ -224,7 +226,10 @@ class EnvHost:
         held = self.world(session, pack)
         task = held.task
         if task is not None and task.tools is not None and name not in task.tools:
-            message = f"tool {name!r} is not available in this task; its tools: {', '.join(task.tools)}"
+            message = (
+                f"tool {name!r} is not available in this task (not yet, or not at all); "
+                "call only the tools the task has given you so far"
+            )
             held.world.calls.append(CallRecord(name, dict(arguments), error=message))
             raise ToolError(message, ErrorKind.UNKNOWN_TOOL)
         return _snapshot(pack.call(held.world, name, arguments))
@@ -246,7 +251,8 @@ class EnvHost:
 
         ``ground_truth`` names the pack and task; the world scored is the request's
         session's (None without a session). Arguments: ``mode`` (train | eval) and
-        ``weights`` (reward component -> weight).
+        ``weights`` (reward component -> weight). The details hold gold values only for a
+        caller that may see gold (``ctx.sees_gold``; a context without it may not).
         """
         wanted = resolve_ground_truth(request.ground_truth)
         try:
@@ -264,7 +270,13 @@ class EnvHost:
 
         try:
             return score(
-                pack, task, world, _unprefixed(request, self.prefixes[pack.id]), mode=mode, weights=weights
+                pack,
+                task,
+                world,
+                _unprefixed(request, self.prefixes[pack.id]),
+                mode=mode,
+                weights=weights,
+                reveal_gold=getattr(ctx, "sees_gold", False),
             )
         except ValueError as exc:  # bad weights
             raise ToolError(str(exc), ErrorKind.INVALID_ARGUMENTS) from None

@@ -33,8 +33,20 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
 * **IPC**: an IPC namespace of its own (with the network one, in both modes). SysV shared
   memory, semaphores and message queues, and POSIX message queues, outlive the processes
   that made them: in the host's namespace one session could leave a segment (mode 0666)
-  that another attaches to, holding memory after both are gone. Its own die with it.
-  Reported in ``isolation['ipc']`` (a kernel without IPC namespaces leaves the host's).
+  that another attaches to, holding memory after both are gone. Its own die with it. As
+  root the worker also sets its namespace's limits (``worker.IPC_LIMITS``) before it drops
+  privileges: ``shm_rmid_forced`` (a SysV segment dies as soon as no process has it attached,
+  so every segment is mapped by one of its processes and counted, below), at most
+  ``memory_mb`` of segments, 64 of them, 16 message queues, 16 semaphore sets. Reported in
+  ``isolation['ipc']`` (a kernel without IPC namespaces leaves the host's).
+* **PID namespace** (as root): the template forks every worker as pid 1 of a PID namespace
+  of its own (``unshare(CLONE_NEWPID)`` before the fork, its own namespace set back after),
+  and the worker mounts a ``/proc`` for it. No host pid exists inside: ``kill(pid, 0)`` and
+  ``pidfd_open`` on the server, the template, another session's worker or the host's init
+  fail with ESRCH; its parent is pid 0. When the worker dies the kernel kills every process
+  left in its namespace. As pid 1 it ignores signals it has no handler for, so its handler
+  for SIGXCPU (the per-call CPU limit) is libc's ``_exit`` (exit status 24, read as the CPU
+  limit). Reported in ``isolation['pids']``; without root, the host's (weak).
 * **filesystem, deny by default**: a private mount namespace whose root is a tmpfs
   (``pivot_root``; the host's tree is detached; the template builds it once per ``hide`` list
   and each worker gets a copy of it with its mount namespace) holding only: read-only binds of ``/usr``,
@@ -43,8 +55,8 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   prefixes, executable and the ``sys.path`` entries; an entry inside a ``hide`` directory
   is left out unless it lies in a prefix); a synthetic ``/etc/passwd`` and ``/etc/group``
   (root and the sandbox user); ``/dev/{null,zero,full,random,urandom}`` and ``/dev/fd``;
-  a fresh ``/proc`` with ``hidepid=invisible`` (once the worker has dropped to its own
-  uid it lists only that uid's processes, not the server's or other sandboxes'); and,
+  a fresh ``/proc`` for its own PID namespace, with ``hidepid=invisible`` (it lists only
+  that namespace's processes of its uid, not the server's or other sandboxes'); and,
   mounted by each worker in its own namespace, private, size-capped tmpfs mounts (mode
   0700, owned by the worker's uid) on ``/tmp``
   (``tmpfs_mb``, the working directory), ``/var/tmp`` and ``/dev/shm`` (4 MB each).
@@ -72,10 +84,10 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   (SIGSTOP, so threads it left running stop too; SIGCONT before the next request) and
   SIGKILLs every other process of the sandbox: with a dedicated uid, every process of
   that uid; without one, the worker's descendants (the worker is their subreaper, so
-  orphans stay in its tree, and the filter keeps it so). There is no PID namespace, but
-  since every earlier process was killed the same way, the processes left at the end of
+  orphans stay in its tree, and the filter keeps it so). They are found by host pid: since
+  every earlier process was killed the same way, the processes left at the end of
   a call were all created during it: only pids handed out since the call began (the last
-  pid in ``/proc/loadavg``) are looked at, and all of ``/proc`` when they may have gone
+  pid in the host's ``/proc/loadavg``) are looked at, and all of ``/proc`` when they may have gone
   all the way round (forks counted by ``/proc/stat`` over half of ``pid_max``). Killing
   or evicting a worker kills every process of its uid, and so does a worker dying mid-call
   (timeout, crash), at once. A uid is handed out again only once none of its processes is
@@ -84,7 +96,17 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   pidfd.
 * **resources**: RLIMIT_AS (memory, per process), RLIMIT_NPROC, RLIMIT_FSIZE (also caps
   captured output), RLIMIT_NOFILE, no core dumps; the wall-clock timeout is enforced by
-  the server, which kills the worker. CPU is bounded three ways: per call (soft
+  the server, which kills the worker. **Memory, per session**: what its whole process tree
+  holds stays under ``memory_mb``, as measured from the host (``processes.held``): the
+  PSS of the worker and of every process descended from it (less shmem pages), plus, once
+  each, every shared memory object one of them maps that no file system shows (SysV
+  segments, shared anonymous mappings), at the pages it holds whoever touched them
+  (``st_blocks`` through ``/proc/<pid>/map_files``: a page a child filled is in no PSS of
+  the worker, and a mapping cut to one page keeps the whole object). The files of its tmpfs
+  mounts have their own caps and count to the fleet. Checked every ``MEMORY_CHECK_S``
+  (50 ms) while a call runs and once when it returns (an RSS bound, ~40 us; PSS only when
+  the bound is over a limit); over it, the worker and its processes are killed and the call
+  says so. CPU is bounded three ways: per call (soft
   RLIMIT_CPU raised before each request, inherited by children), per process (hard
   RLIMIT_CPU = ``worker_cpu_s``), and over the worker's life: after each call the server
   adds up the worker's CPU, that of the children it has reaped (utime, stime, cutime,
@@ -113,16 +135,27 @@ seccomp filters allowed; ``SandboxPool.isolation`` reports what each worker actu
   from the kernel: a worker's exit is seen from its pidfd, even while a child of it holds
   the pipe open.
 * **fleet** (``SandboxPool``): at most ``max_workers`` live interpreters and
-  ``max_total_memory_mb`` of their memory (PSS of the worker plus what its tmpfs mounts
-  hold). A new lease past either limit evicts idle leased workers, least recently used
-  first, or fails with ``SandboxOverloaded`` when none is idle.
+  ``max_total_memory_mb`` of their memory (each session's figure above plus what its tmpfs
+  mounts hold), and at most ``max_workers_per_tenant`` interpreters per tenant (3/4 of
+  ``max_workers`` by default). A new lease past a limit evicts idle leased workers of its
+  own tenant, least recently used first, or fails with ``SandboxOverloaded`` when that
+  tenant has none idle: one tenant's sessions never evict another tenant's. Memory over
+  the budget (at admission, at a worker's checks during and after its calls, and every 2 s
+  in the background) evicts the idle workers of the tenant holding the most memory, then,
+  during a call, stops that tenant's busy worker holding the most (its call says so).
+  A worker is leased to one session and killed when it is released: never reused.
 
-Known gaps: pids are the host's numbers (no PID namespace). Workers of one template share
+Known gaps: workers of one template share
 what an ``exec`` draws once: the address-space layout (ASLR), the stack canary and the
 ``str``/``bytes`` hash secret. ``/usr`` is shown whole, so
 anything installed under it (a non-editable install of the server's own package in
-``/usr/local``, say) is readable. Memory is measured between calls (a call's children,
-each under RLIMIT_AS, are not counted) and may be up to a second old at admission.
+``/usr/local``, say) is readable. Memory is measured, not enforced by the kernel (that
+would take a memory cgroup per worker, which containers rarely delegate): between two
+checks (50 ms apart during a call) a call can allocate past its cap, each process only
+bound by RLIMIT_AS; the fleet's figure of an idle worker may be up to a second old at
+admission. Without root a worker's shared objects count at their mapped length
+(``map_files`` needs CAP_SYS_ADMIN) and its IPC limits are not set, so a detached SysV
+segment there counts nowhere; and pids stay the host's.
 The lifetime CPU account misses children that exit on their own during a call while
 SIGCHLD is ignored (the kernel then drops their times; still bounded per call as above),
 and may count a process killed at the end of a call twice (once when killed, once when

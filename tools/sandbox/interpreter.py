@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -25,20 +25,37 @@ from tools.sandbox.processes import (
     Clock,
     cpu_seconds,
     forks,
+    held,
     kill_strays,
     kill_uid,
     last_pid,
     pid_clock,
-    pss_bytes,
     started_none,
 )
 from tools.sandbox.records import SandboxError, SandboxLimits, SandboxResult
 from tools.sandbox.uids import UIDS
 from tools.sandbox.zygote import ForkedProcess, TemplateError, TemplateLost, template_for
 
-__all__ = ["MAX_REQUEST_BYTES", "SandboxWorker"]
+__all__ = ["MAX_REQUEST_BYTES", "MEMORY_CHECK_S", "Fleet", "SandboxWorker"]
 
 MAX_REQUEST_BYTES = 8 << 20  # code and stdin of one call, JSON-encoded
+# While a call runs, what its process tree holds is checked this often (an RSS bound, ~40 us
+# for a worker alone; PSS only when the bound is over a limit), and once more when it returns.
+MEMORY_CHECK_S = 0.05
+_SESSION_TMPFS = ("tmp", "var/tmp", "dev/shm")  # under /proc/<pid>/root: counted as files
+
+
+class Fleet(Protocol):
+    """What a worker asks of the pool that leased it (``pool.SandboxPool``) about its memory."""
+
+    def might_exceed(self, worker: SandboxWorker, bound: int) -> bool:
+        """Whether the fleet could be over its budget if the worker held ``bound`` bytes."""
+        ...
+
+    def update(self, worker: SandboxWorker, figure: int, *, running: bool) -> None:
+        """Take the worker's measured figure; while over budget evict idle workers and, if its
+        call is ``running``, stop busy ones (``stop_for``)."""
+        ...
 
 
 class _WorkerGone(Exception):
@@ -52,10 +69,12 @@ class _StartLost(SandboxError):
 def _describe_exit(returncode: int, cpu_s: int, *, lost: bool = False) -> str:
     if lost:
         return "the interpreter stopped (its exit status was lost with the template process that forked it)"
+    # Killed by SIGXCPU, or exited with its number: as pid 1 of its PID namespace the worker's
+    # handler for it is _exit (worker.cpu_limit_for_init; so os._exit(24) reads the same).
+    if abs(returncode) == signal.SIGXCPU:
+        return f"CPU time limit of {cpu_s} s exceeded; the interpreter was killed"
     if returncode < 0:
         sig = -returncode
-        if sig == signal.SIGXCPU:
-            return f"CPU time limit of {cpu_s} s exceeded; the interpreter was killed"
         if sig == signal.SIGSEGV:
             return "the interpreter crashed (segmentation fault, e.g. unbounded recursion in C code)"
         if sig == signal.SIGKILL:
@@ -103,6 +122,10 @@ class SandboxWorker:
         self.calls = 0
         self.last_used = time.monotonic()
         self.evicted: str | None = None  # why the pool evicted it, if it did
+        self.stopped_for: str | None = None  # why the server killed it mid-call (memory)
+        self.fleet: Fleet | None = None  # the pool's memory budget, once leased from one
+        self._tmpfs: set[int] | None = None  # its tmpfs mounts' devices (their files count apart)
+        self._files = 0  # what its tmpfs mounts held when last measured
         LIVE.add(self)
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -232,6 +255,13 @@ class SandboxWorker:
         self._killed = True
         _terminate(self.proc, None)
 
+    def stop_for(self, reason: str) -> None:
+        """Kill it now, busy or not; a call in flight reports ``reason``."""
+        with self._state_lock:
+            if self.stopped_for is None and self.evicted is None:
+                self.stopped_for = reason
+        self.kill()
+
     def evict(self, reason: str) -> bool:
         """Kill the worker unless a call is running in it; its next call reports ``reason``."""
         with self._state_lock:
@@ -276,19 +306,65 @@ class SandboxWorker:
         return cpu_seconds(self.proc.pid) + self._killed_cpu_s
 
     def memory_bytes(self) -> int:
-        """What it holds now: the worker's PSS plus the data in its private tmpfs mounts.
+        """What it holds now, as measured from the host (blocking: run it in a thread): the PSS
+        of its whole process tree and, once each, the shared memory objects those processes map
+        (SysV segments, shared anonymous memory: their pages, whoever touched them; ``held``),
+        plus the files in its private tmpfs mounts."""
+        files = self._tmpfs_bytes()
+        self._files = files
+        return self._held(True) + files
 
-        Between calls the worker is the sandbox's only process; during a call its children
-        (each under the same RLIMIT_AS) are not counted.
-        """
-        pid = self.proc.pid
-        total = pss_bytes(pid)
-        if "root" in self.isolation:  # its tmpfs mounts (without a new root, /tmp is the host's)
-            for path in ("tmp", "var/tmp", "dev/shm"):
+    def _tmpfs_devs(self) -> set[int]:
+        """The devices of its tmpfs mounts, whose files count as files (found once)."""
+        if self._tmpfs is None:
+            devs = set()
+            if "root" in self.isolation:  # without a new root, /tmp is the host's
+                for path in _SESSION_TMPFS:
+                    with contextlib.suppress(OSError):
+                        devs.add(os.stat(f"/proc/{self.proc.pid}/root/{path}").st_dev)
+            self._tmpfs = devs
+        return self._tmpfs
+
+    def _tmpfs_bytes(self) -> int:
+        total = 0
+        if "root" in self.isolation:
+            for path in _SESSION_TMPFS:
                 with contextlib.suppress(OSError):
-                    st = os.statvfs(f"/proc/{pid}/root/{path}")
+                    st = os.statvfs(f"/proc/{self.proc.pid}/root/{path}")
                     total += (st.f_blocks - st.f_bfree) * st.f_frsize
         return total
+
+    def _held(self, precise: bool, alone: bool = False) -> int:
+        """Its process tree's memory and shared memory objects, without its tmpfs files."""
+        return held(self.proc.pid, self._tmpfs_devs(), precise=precise, alone=alone)
+
+    async def _check_memory(self, *, running: bool) -> str | None:
+        """Hold the session's cap (``memory_mb`` for its processes and shared memory together)
+        and report to the fleet: why it must stop, or None. The RSS bound is read right here
+        (tens of microseconds: a thread hop would cost more); PSS, when that bound is over a
+        limit, in a thread. ``running``: its call still runs (else it has returned, and an
+        idle worker over the fleet's budget is evicted, not stopped, as any idle one)."""
+        cap = self.limits.memory_mb << 20
+        fleet = self.fleet
+        alone = not running  # after a call: its strays were killed
+        try:
+            bound = self._held(False, alone)
+        except OSError:
+            return None  # it is gone: the caller sees that
+        # Its files as last measured (the pool re-measures them within seconds): statvfs x3
+        # would add a third to this check, and the tmpfs mounts have caps of their own.
+        if bound <= cap and (fleet is None or not fleet.might_exceed(self, bound + self._files)):
+            return None
+        figure = await anyio.to_thread.run_sync(self._held, True, alone)
+        if figure > cap:
+            return (
+                f"the interpreter and the processes it started held {figure >> 20} MB, over its memory "
+                f"limit of {self.limits.memory_mb} MB (shared memory included); it was killed"
+            )
+        if fleet is not None:
+            self._files = await anyio.to_thread.run_sync(self._tmpfs_bytes)
+            fleet.update(self, figure + self._files, running=running)  # may stop this worker, or another
+        return self.stopped_for
 
     def _kill_strays(self, start: Clock) -> bool:
         """Kill what the call left running, adding its CPU to the worker's account; False if
@@ -309,6 +385,10 @@ class SandboxWorker:
         quiet = started_none(start, now, self.proc.pid, self.uid)
         if not quiet and not await anyio.to_thread.run_sync(self._kill_strays, start):
             return "the processes it started could not all be stopped; the interpreter was killed"
+        over = await self._check_memory(running=False)  # the worker alone now, and what it maps
+        if over:
+            self.kill()
+            return over
         budget = self.limits.worker_cpu_s
         if self.cpu_used_s > budget:
             self.kill()
@@ -343,7 +423,7 @@ class SandboxWorker:
         async with self._lock:
             with self._state_lock:
                 if not self.alive:
-                    why = f"the interpreter was evicted: {self.evicted}" if self.evicted else None
+                    why = f"the interpreter was evicted: {self.evicted}" if self.evicted else self.stopped_for
                     return SandboxResult(
                         error=why or "the interpreter is no longer running", exit_code=-1, worker_died=True
                     )
@@ -393,7 +473,11 @@ class SandboxWorker:
                 f"timed out after {timeout_s:g} s; the interpreter was killed", elapsed_ms, worker_died=True,
             )  # fmt: skip
         if reply is None or problem:
-            why = problem or _describe_exit(returncode, request["cpu_s"], lost=self.proc.status_lost)
+            why = (
+                problem
+                or self.stopped_for
+                or _describe_exit(returncode, request["cpu_s"], lost=self.proc.status_lost)
+            )
             return SandboxResult(
                 stdout, stderr, returncode, False, truncated, why, elapsed_ms, worker_died=True
             )
@@ -433,7 +517,8 @@ class SandboxWorker:
         return bytes(buf)
 
     async def _readable_or_exited(self) -> None:
-        """Until the reply pipe has data or the worker has exited (one epoll of both, one wait)."""
+        """Until the reply pipe has data or the worker has exited (one epoll of both, one wait);
+        every ``MEMORY_CHECK_S`` meanwhile, what its process tree holds is checked."""
         pidfd = self.proc.pidfd
         if pidfd < 0:
             await anyio.wait_readable(self._rfd)
@@ -441,7 +526,14 @@ class SandboxWorker:
         with select.epoll(2) as either:
             either.register(self._rfd, select.EPOLLIN)
             either.register(pidfd, select.EPOLLIN)
-            await anyio.wait_readable(either.fileno())
+            while True:
+                with anyio.move_on_after(MEMORY_CHECK_S):
+                    await anyio.wait_readable(either.fileno())
+                    return
+                over = await self._check_memory(running=True)
+                if over:
+                    self.stop_for(over)
+                    return
 
     async def _read_reply(self, seq: int, cap: int) -> dict[str, Any]:
         """The reply to call ``seq``. Frames of earlier calls are skipped: after a forged frame

@@ -21,7 +21,9 @@ __all__ = [
 ]
 
 MACHINE = os.uname().machine
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x08000000, 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000,
+)  # fmt: skip
 CLONE_NEW_ANY = 0x7E020000  # NEWNS, NEWCGROUP, NEWUTS, NEWIPC, NEWUSER, NEWPID, NEWNET
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE, MNT_DETACH = 4096, 16384, 1 << 18, 2
@@ -30,7 +32,7 @@ AF_VSOCK = 40  # host <-> VM sockets: not confined by a network namespace
 
 # Made once, in the template, so that a worker's first steps allocate and touch less of its own.
 LIBC = ctypes.CDLL(None, use_errno=True)
-for _name in ("mount", "umount2", "unshare", "syscall", "prctl", "capset"):
+for _name in ("mount", "umount2", "unshare", "setns", "syscall", "prctl", "capset"):
     getattr(LIBC, _name)  # resolved and cached on LIBC now
 
 Mount = Callable[..., None]  # mount(src, target, fstype, flags, data=None), from mounter()

@@ -153,16 +153,18 @@ def interpreter_paths(hidden: list[str]) -> list[str]:
     return sorted(paths)
 
 
-def mount_proc(root: Root) -> str:
-    """A /proc of its own that lists only processes of its uid (hidepid needs Linux >= 5.8)."""
-    root.mkdirs("/proc")
+def mount_proc(mount: Mount) -> str:
+    """A /proc of its own, mounted once in the new root: it lists the processes of the worker's
+    PID namespace (its own, where the template gives it one), and of those only its uid's
+    (hidepid needs Linux >= 5.8)."""
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    whose = "its own PID namespace's" if os.getpid() == 1 else "the host's PID namespace's (weak)"
     try:
-        root.mount("proc", root.inner("/proc"), "proc", flags, "hidepid=invisible")
-        return "own processes only (hidepid)"
+        mount("proc", "/proc", "proc", flags, "hidepid=invisible")
+        return f"own processes only (hidepid; {whose} pids)"
     except OSError as exc:
-        root.mount("proc", root.inner("/proc"), "proc", flags)
-        return f"host processes visible ({exc})"
+        mount("proc", "/proc", "proc", flags)
+        return f"every process of {whose} pids visible ({exc})"
 
 
 def identity(uid: int | None) -> tuple[str, str]:
@@ -190,9 +192,10 @@ def private_tmpfs(mount: Mount, top: str, uid: int | None, tmpfs_mb: int) -> Non
 
 def build_root(
     mount: Mount, top: str, hide: list[str], *, uid: int | None = None, own: bool = False, tmpfs_mb: int = 0
-) -> str:
+) -> None:
     """A tmpfs at top laid out like /, holding only what Python needs (deny by default), sealed
-    read-only. Returns how /proc is confined.
+    read-only. Its ``/proc`` is an empty mount point: each worker mounts its own there once
+    inside (``mount_proc``), for its own PID namespace.
 
     Shared (``own`` false): what it holds is the same for every session of one ``hide`` list,
     so the template builds it once per list in its own mount namespace and each worker gets
@@ -213,7 +216,7 @@ def build_root(
             root.bind("/dev/" + name, MS_NOSUID)  # writable device nodes
     for name, target in (("fd", ""), ("stdin", "/0"), ("stdout", "/1"), ("stderr", "/2")):
         os.symlink("/proc/self/fd" + target, root.inner("/dev/" + name))
-    proc = mount_proc(root)
+    root.mkdirs("/proc")
     for path in SYSTEM_PATHS:
         root.show(path)
     hidden = [os.path.realpath(p) for p in hide]
@@ -223,7 +226,6 @@ def build_root(
         root.show(path)
     root.seal()
     mount(None, top, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    return proc
 
 
 def session_mounts(mount: Mount, uid: int | None, tmpfs_mb: int) -> None:
@@ -270,7 +272,7 @@ def enter_root(libc: ctypes.CDLL, mount: Mount, top: str) -> str:
 def enter_namespaces(
     mount: Mount,
     report: dict[str, str],
-    prepared: tuple[str, str] | None,
+    prepared: str | None,
     *,
     hostdir: str = "",
     hide: list[str] | None = None,
@@ -293,15 +295,18 @@ def enter_namespaces(
     built = None
     try:
         if prepared:
-            top, report["proc"] = prepared
+            top = prepared
         else:
             mount("none", "/", None, MS_REC | MS_PRIVATE)
             built = top = os.path.join(hostdir, "root")
             os.mkdir(top, 0o755)
-            report["proc"] = build_root(mount, top, hide or [], uid=uid, own=True, tmpfs_mb=tmpfs_mb)
+            build_root(mount, top, hide or [], uid=uid, own=True, tmpfs_mb=tmpfs_mb)
         report["root"] = enter_root(LIBC, mount, top)
     except BaseException:
         if built:  # drop the half-built root; the weak mode follows
             LIBC.umount2(built.encode(), MNT_DETACH)
-        report.pop("proc", None)
         raise
+    try:
+        report["proc"] = mount_proc(mount)
+    except OSError as exc:  # inside the new root: no weak mode to fall back to
+        raise RuntimeError(f"mounting /proc in the new root failed: {exc}") from None

@@ -43,7 +43,10 @@ class _PoolState:
     error_at: float = 0.0
     closing: bool = False
     memory: dict[SandboxWorker, tuple[int, float]] = field(default_factory=dict)  # (bytes, measured at)
+    tenants: dict[SandboxWorker, str | None] = field(default_factory=dict)  # leased: whose session
+    spawning_for: dict[str | None, int] = field(default_factory=dict)  # leases starting, by tenant
     evictions: int = 0
+    stopped: int = 0  # busy workers stopped to hold the memory budget
     refused: int = 0
     maintenance_errors: int = 0  # unexpected errors the background thread survived
     measure_wanted: bool = False  # a scrape found stale figures: the background thread re-measures
@@ -57,11 +60,19 @@ class SandboxPool:
     ones, so it works with any event loop and costs the loop nothing.
 
     Fleet budget: at most ``max_workers`` live interpreters (idle ones included) and
-    ``max_total_memory_mb`` of measured memory (:meth:`SandboxWorker.memory_bytes`, summed).
-    A new lease over either limit first evicts idle leased workers, least recently used
-    first (their next call reports the eviction); when none is idle it raises
-    :class:`SandboxOverloaded`. The background thread evicts the same way whenever the
-    measured memory is over budget.
+    ``max_total_memory_mb`` of measured memory (:meth:`SandboxWorker.memory_bytes`, summed:
+    each worker's whole process tree and shared memory, measured after its calls, every
+    ``MEMORY_CHECK_S`` during one, and every 2 s by the background thread).
+
+    Tenants: a lease names its tenant (None: the server's own, or a server without tokens).
+    A tenant holds at most ``max_workers_per_tenant`` leased interpreters (3/4 of
+    ``max_workers`` by default), so the others always find room; a new lease past its share,
+    or past ``max_workers``, evicts an idle interpreter *of its own tenant*, least recently
+    used first (its next call reports the eviction), and is refused with
+    :class:`SandboxOverloaded` when that tenant has none idle: one tenant's sessions never
+    evict another's. Over the memory budget (at admission, during calls, in the background),
+    the idle interpreters of the tenant holding the most memory go first, then that tenant's
+    busy interpreter holding the most is stopped (its call reports why).
     """
 
     def __init__(
@@ -75,15 +86,20 @@ class SandboxPool:
         hide: tuple[str, ...] | None = None,
         max_workers: int = 64,
         max_total_memory_mb: int = 8192,
+        max_workers_per_tenant: int | None = None,
     ) -> None:
         if size < 0:
             raise ValueError("pool size must be >= 0")
         if max_workers < 1 or max_total_memory_mb < 1:
             raise ValueError("max_workers and max_total_memory_mb must be >= 1")
+        if max_workers_per_tenant is not None and max_workers_per_tenant < 1:
+            raise ValueError(f"max_workers_per_tenant must be >= 1 (or None), got {max_workers_per_tenant}")
         self.size = size
         self.limits = limits or SandboxLimits()
         self.max_workers = max_workers
         self.max_memory_bytes = max_total_memory_mb << 20
+        # A quarter stays open to other tenants however many sessions one of them opens.
+        self.tenant_share = max_workers_per_tenant or max(1, max_workers * 3 // 4)
         self._spawn_kwargs: dict[str, Any] = {
             "python": python,
             "preload": preload,
@@ -143,35 +159,40 @@ class SandboxPool:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def acquire(self) -> SandboxWorker:
-        """A warm, confined worker for one user (session). Release it when done.
+    async def acquire(self, tenant: str | None = None) -> SandboxWorker:
+        """A warm, confined worker for one session of ``tenant``. Release it when done.
 
-        Raises :class:`SandboxOverloaded` when the fleet budget leaves no room.
+        Raises :class:`SandboxOverloaded` when the fleet budget or the tenant's share leaves no room.
         """
         if self._memory_stale():
             await anyio.to_thread.run_sync(self._measure_memory)  # /proc reads: off the event loop
         with self._cond:
             if self._state.closing:
                 raise SandboxError("the sandbox pool is closed")
-            self._make_room(need_worker=not any(w.alive for w in self._state.idle))
+            self._make_room(tenant, need_worker=not any(w.alive for w in self._state.idle))
             worker = self._pop_idle()
             if worker is None:
                 self._state.spawning += 1  # holds its place in max_workers
+            spawning_for = self._state.spawning_for
+            spawning_for[tenant] = spawning_for.get(tenant, 0) + 1  # and in the tenant's share
             self._cond.notify_all()  # refill
         spawned = worker is None
-        if worker is None:
-            try:
+        try:
+            if worker is None:
                 worker = await anyio.to_thread.run_sync(self._spawn)
-            except BaseException:
-                with self._cond:
-                    self._state.spawning -= 1
-                raise
-        with self._cond:
-            self._state.spawning -= spawned
-            closing = self._state.closing
-            if not closing:
-                worker.last_used = time.monotonic()  # the newest lease is the last to be evicted
-                self._state.leased.add(worker)
+        finally:
+            with self._cond:
+                self._state.spawning -= spawned
+                self._state.spawning_for[tenant] -= 1
+                if not self._state.spawning_for[tenant]:
+                    del self._state.spawning_for[tenant]
+                closing = self._state.closing
+                if worker is not None and not closing:
+                    worker.last_used = time.monotonic()  # the newest lease is the last to be evicted
+                    worker.fleet = self
+                    self._state.leased.add(worker)
+                    self._state.tenants[worker] = tenant
+        assert worker is not None
         if closing:
             await worker.aclose()
             raise SandboxError("the sandbox pool is closed")
@@ -182,6 +203,7 @@ class SandboxPool:
         worker.kill()
         with self._cond:
             self._state.leased.discard(worker)
+            self._state.tenants.pop(worker, None)
             self._state.memory.pop(worker, None)
             if self._thread is not None and not self._state.closing:
                 self._state.retired.append(worker)
@@ -190,9 +212,9 @@ class SandboxPool:
         await worker.aclose()
 
     @contextlib.asynccontextmanager
-    async def worker(self) -> AsyncIterator[SandboxWorker]:
+    async def worker(self, tenant: str | None = None) -> AsyncIterator[SandboxWorker]:
         """``async with pool.worker() as w: await w.run(...)`` — a worker for one block."""
-        worker = await self.acquire()
+        worker = await self.acquire(tenant)
         try:
             yield worker
         finally:
@@ -219,6 +241,7 @@ class SandboxPool:
                 "sandbox_memory_bytes": float(self._memory_total()),
                 "sandbox_memory_budget_bytes": float(self.max_memory_bytes),
                 "sandbox_evictions_total": float(state.evictions),
+                "sandbox_memory_stops_total": float(state.stopped),
                 "sandbox_admissions_refused_total": float(state.refused),
                 "sandbox_maintenance_errors_total": float(state.maintenance_errors),
             }
@@ -249,35 +272,103 @@ class SandboxPool:
             self._state.retired.append(candidate)
         return None
 
-    def _make_room(self, *, need_worker: bool) -> None:
-        """Evict idle sessions, least recently used first, until a new lease fits; else refuse."""
+    def _held_by(self, tenant: str | None) -> int:
+        state = self._state
+        leased = sum(1 for w in state.leased if state.tenants.get(w) == tenant)
+        return leased + state.spawning_for.get(tenant, 0)
+
+    def _make_room(self, tenant: str | None, *, need_worker: bool) -> None:
+        """Make room for a new lease of ``tenant``, evicting only that tenant's idle sessions
+        (least recently used first); else refuse. Memory over budget is relieved first."""
+        if self._memory_total() >= self.max_memory_bytes:
+            self._relieve_memory(stop_busy=False)
         while True:
             full = need_worker and self._live() >= self.max_workers
+            share = tenant is not None and self._held_by(tenant) >= self.tenant_share
             used = self._memory_total()
-            if not full and used < self.max_memory_bytes:
+            if not full and not share and used < self.max_memory_bytes:
                 return
-            if full:
-                why = f"the sandbox fleet is at its limit of {self.max_workers} interpreters"
-            else:
+            if used >= self.max_memory_bytes:
                 why = f"sandbox memory is at its limit ({used >> 20} of {self.max_memory_bytes >> 20} MB)"
-            if not self._evict_one(f"{why}, and this session was the least recently used idle one"):
+            elif share:
+                why = (
+                    f"this tenant's sessions hold its share of {self.tenant_share} interpreters "
+                    "(max_workers_per_tenant)"
+                )
+            else:
+                why = f"the sandbox fleet is at its limit of {self.max_workers} interpreters"
+            if used >= self.max_memory_bytes or not self._evict_one(
+                f"{why}, and this session was the least recently used idle one", tenant
+            ):
                 self._state.refused += 1
+                whose = "this tenant's" if share else "every session's"
                 raise SandboxOverloaded(
-                    f"no python sandbox available: {why} and every session's interpreter is busy. "
+                    f"no python sandbox available: {why} and {whose} interpreter is busy. "
                     "Retry in a few seconds, or end sessions that are no longer needed."
                 )
 
-    def _evict_one(self, reason: str) -> bool:
-        """Kill the least recently used idle leased worker; False if there is none."""
-        for victim in sorted(self._state.leased, key=lambda w: w.last_used):
-            if victim.evict(reason):
-                self._state.leased.discard(victim)
-                self._state.memory.pop(victim, None)
-                self._state.retired.append(victim)
-                self._state.evictions += 1
-                self._cond.notify_all()
+    def _evict_one(self, reason: str, tenant: str | None) -> bool:
+        """Kill the least recently used idle leased worker of ``tenant``; False if there is none."""
+        state = self._state
+        for victim in sorted(state.leased, key=lambda w: w.last_used):
+            if state.tenants.get(victim) == tenant and victim.evict(reason):
+                self._forget(victim)
+                state.evictions += 1
                 return True
         return False
+
+    def _forget(self, worker: SandboxWorker) -> None:
+        state = self._state
+        state.leased.discard(worker)
+        state.tenants.pop(worker, None)
+        state.memory.pop(worker, None)
+        state.retired.append(worker)
+        self._cond.notify_all()
+
+    def _relieve_memory(self, *, stop_busy: bool) -> None:
+        """While measured memory is over budget: evict the idle sessions of the tenant holding the
+        most memory, least recently used first; then (``stop_busy``) stop that tenant's busy
+        interpreter holding the most. Between a worker's checks it may go over by what it
+        allocates meanwhile; this brings the fleet back under its budget at the next one."""
+        state = self._state
+        while (used := self._memory_total()) > self.max_memory_bytes:
+            by_tenant: dict[str | None, int] = {}
+            for worker, (size, _) in state.memory.items():
+                if worker in state.leased:
+                    tenant = state.tenants.get(worker)
+                    by_tenant[tenant] = by_tenant.get(tenant, 0) + size
+            if not by_tenant:
+                return
+            tenant = max(by_tenant, key=lambda t: by_tenant[t])
+            why = f"sandbox memory was over its limit ({used >> 20} of {self.max_memory_bytes >> 20} MB)"
+            if self._evict_one(f"{why}, and this session was the least recently used idle one", tenant):
+                continue
+            busy = [
+                w for w in state.leased if state.tenants.get(w) == tenant and w in state.memory and w.alive
+            ]
+            if not stop_busy or not busy:
+                return
+            victim = max(busy, key=lambda w: state.memory[w][0])
+            victim.stop_for(
+                f"{why}, and this session's interpreter held the most of it "
+                f"({state.memory[victim][0] >> 20} MB); it was killed"
+            )
+            # Still leased: its call in flight reads its fds until it sees the kill, and its
+            # owner releases it then (retiring it now would close them under that call).
+            state.memory.pop(victim)
+            state.stopped += 1
+
+    # -- the workers' memory checks (interpreter.Fleet), from the event loop or a thread --------
+    def might_exceed(self, worker: SandboxWorker, bound: int) -> bool:
+        with self._cond:
+            others = sum(size for w, (size, _) in self._state.memory.items() if w is not worker)
+            return others + bound > self.max_memory_bytes
+
+    def update(self, worker: SandboxWorker, figure: int, *, running: bool) -> None:
+        with self._cond:
+            if worker in self._state.leased:
+                self._state.memory[worker] = (figure, time.monotonic())
+                self._relieve_memory(stop_busy=running)
 
     def _wants_spare(self) -> bool:
         state = self._state
@@ -317,11 +408,7 @@ class SandboxPool:
     def _hold_memory_budget(self) -> None:
         self._measure_memory()
         with self._cond:
-            while self._memory_total() > self.max_memory_bytes:
-                used = self._memory_total() >> 20
-                why = f"sandbox memory was over its limit ({used} of {self.max_memory_bytes >> 20} MB)"
-                if not self._evict_one(f"{why}, and this session was the least recently used idle one"):
-                    break
+            self._relieve_memory(stop_busy=True)
 
     def _maintain(self) -> None:
         """Background thread: reap retired workers, keep ``size`` idle ones warm, hold the budget.

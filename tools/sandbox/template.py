@@ -8,7 +8,8 @@ config and these four fds" and "reap this worker". It never receives code. As ro
 builds, once per ``hide`` list and in a mount namespace of its own, the read-only root every
 worker gets (``sandbox_mounts.build_root``), and keeps ``SPARES_PER_ROOT`` spare children that
 have entered their namespaces and that root ahead of demand; a fork request is handed to a
-spare when one is ready. A child (spare or forked on demand) cuts every tie to the template
+spare when one is ready. As root every child (spare or forked on demand) is pid 1 of a PID
+namespace of its own (``fork_child``). A child (spare or forked on demand) cuts every tie to the template
 first (``cut_ties``), then runs the worker (``worker.start_worker``, handed in as
 ``serve``). Why nothing leaks between sessions: docs/security.md, "How a worker starts".
 Standard library only.
@@ -31,6 +32,7 @@ from typing import Any, NoReturn
 from .libc import (
     CLONE_NEWNET,
     CLONE_NEWNS,
+    CLONE_NEWPID,
     LIBC,
     MNT_DETACH,
     MS_NODEV,
@@ -61,8 +63,12 @@ FORGOTTEN: set[int] = set()  # workers the server stopped waiting for: reaped on
 # between calls never sees the hang-up).
 WORKERS: dict[int, str] = {}
 TEMPLATE_NETWORK = ""  # the template's own network: what a worker without namespaces stays in
+# The template's own PID namespace (an fd), to come back to after forking a child into a new one;
+# -1 where it cannot make PID namespaces (not root, or refused): children then get the host's.
+OWN_PID_NS = -1
+PID_NAMESPACES = ""  # what children get, for their report
 STAGE = ""  # where the template mounts prepared roots, in its own mount namespace ("" if none)
-PREPARED: dict[tuple[str, ...], tuple[str, str] | None] = {}  # hide list: (root, /proc report)
+PREPARED: dict[tuple[str, ...], str | None] = {}  # hide list: its prepared root
 # Spare children per prepared root: forked ahead of demand, namespaces and root entered, waiting
 # for one session each (pid, the template's end of their socket). Two cover a burst of starts;
 # each costs a process (mostly shared pages) and its namespaces.
@@ -101,6 +107,46 @@ def confine_template() -> str:
     return "own network namespace (no interfaces up)"
 
 
+def open_pid_namespaces() -> str:
+    """As root: every child the template forks is pid 1 of a PID namespace of its own, so no host
+    pid can be signalled, probed or opened from inside (they do not exist there), and when the
+    worker dies the kernel kills every process left in its namespace. Returns the report."""
+    global OWN_PID_NS
+    if os.geteuid() != 0:
+        return "the host's (weak: not root)"
+    try:
+        fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"the host's (weak: {exc})"
+    try:  # a trial: the next fork would be the first child of this namespace
+        libc_call(LIBC, "unshare(pid)", LIBC.unshare, CLONE_NEWPID)
+        libc_call(LIBC, "setns(pid)", LIBC.setns, fd, CLONE_NEWPID)
+    except OSError as exc:
+        os.close(fd)
+        return f"the host's (weak: {exc})"
+    OWN_PID_NS = fd
+    return "own PID namespace (pid 1 in it; no host pid exists inside)"
+
+
+def fork_child() -> int:
+    """``os.fork``, with the child as pid 1 of a new PID namespace where the template makes them.
+
+    ``unshare(CLONE_NEWPID)`` moves only the template's next child; setting its own namespace
+    back right after the fork keeps one namespace per child (a second child would join the
+    first one's, and fail once that one's pid 1 has died)."""
+    if OWN_PID_NS < 0:
+        return os.fork()
+    libc_call(LIBC, "unshare(pid)", LIBC.unshare, CLONE_NEWPID)
+    try:
+        pid = os.fork()
+    except OSError:
+        libc_call(LIBC, "setns(pid)", LIBC.setns, OWN_PID_NS, CLONE_NEWPID)
+        raise
+    if pid:
+        libc_call(LIBC, "setns(pid)", LIBC.setns, OWN_PID_NS, CLONE_NEWPID)
+    return pid
+
+
 def open_stage(stage: str) -> str:
     """A mount namespace of the template's own with a tmpfs at ``stage`` (a directory the server
     made for it) to hold the prepared roots: none of it is seen outside the template and the
@@ -117,8 +163,8 @@ def open_stage(stage: str) -> str:
     return stage
 
 
-def prepared_root(config: dict[str, Any]) -> tuple[str, str] | None:
-    """(root, how /proc is confined) prepared for this config's ``hide`` list, built on first use;
+def prepared_root(config: dict[str, Any]) -> str | None:
+    """The root prepared for this config's ``hide`` list, built on first use;
     None where the worker builds its own (no stage, namespaces off, or building failed)."""
     if not STAGE or not config.get("namespaces"):
         return None
@@ -129,12 +175,13 @@ def prepared_root(config: dict[str, Any]) -> tuple[str, str] | None:
             if not shareable(list(key)):
                 raise OSError("interpreter files under a session's private tmpfs")
             os.mkdir(top, 0o755)
-            PREPARED[key] = (top, build_root(mounter(LIBC), top, list(key)))
+            build_root(mounter(LIBC), top, list(key))
+            PREPARED[key] = top
         except OSError:
             LIBC.umount2(top.encode(), MNT_DETACH)
             PREPARED[key] = None  # each worker of this list tries itself, and reports why it failed
     prepared = PREPARED[key]
-    if prepared is not None and not os.path.ismount(prepared[0]):  # the stage was removed on the host
+    if prepared is not None and not os.path.ismount(prepared):  # the stage was removed on the host
         PREPARED[key] = prepared = None
     return prepared
 
@@ -167,7 +214,7 @@ def become_worker(template: socket.socket, config: dict[str, Any], fds: list[int
         os._exit(70)  # whatever happens, a child never returns into the template's loop
 
 
-def become_spare(template: socket.socket, mine: socket.socket, prepared: tuple[str, str]) -> NoReturn:
+def become_spare(template: socket.socket, mine: socket.socket, prepared: str) -> NoReturn:
     """In a spare child: enter new namespaces and the prepared root, then wait to be assigned one
     session (its config and fds arrive on ``mine``). It holds nothing of any session until then
     and runs no code of one before it is confined; it exits if the template goes away."""
@@ -190,7 +237,7 @@ def fork_spare(template: socket.socket, key: tuple[str, ...]) -> None:
         return
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        pid = os.fork()
+        pid = fork_child()
     except OSError:
         pid = -1
     if pid == 0:
@@ -267,16 +314,17 @@ def answer(
         return {"error": f"not a request the template serves: {op!r} with {len(fds)} fds"}, None
     if threads() != 1:  # fork copies only the calling thread: a lock held elsewhere would stay held
         return {"error": "the template has started a thread; it no longer forks"}, None
-    config = {  # these two are never the server's
+    config = {  # these three are never the server's
         **request["config"],
         "prepared": prepared_root(request["config"]),
         "template_network": TEMPLATE_NETWORK,
+        "pid_namespace": PID_NAMESPACES,
     }
     pid = None
     if config["prepared"] is not None:
         pid = assign_spare(tuple(map(str, config.get("hide") or ())), config, fds)
     if pid is None:
-        pid = os.fork()
+        pid = fork_child()
         if pid == 0:
             become_worker(template, config, fds)
     WORKERS[pid] = str(config.get("hostdir") or "")
@@ -289,13 +337,14 @@ def tell(template: socket.socket, reply: dict[str, Any], fds: tuple[int, ...] = 
 
 def template_main(stage: str, serve: Serve) -> NoReturn:
     """Serve fork and reap requests on fd 0 (a SOCK_SEQPACKET socket) until the server hangs up."""
-    global TEMPLATE_NETWORK, STAGE, _serve
+    global TEMPLATE_NETWORK, STAGE, PID_NAMESPACES, _serve
     _serve = serve
     template = socket.socket(fileno=os.dup(0))
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
     try:
         TEMPLATE_NETWORK = confine_template()
+        PID_NAMESPACES = open_pid_namespaces()
         STAGE = open_stage(stage)
         for name in COMMON_MODULES:
             __import__(name)

@@ -3,8 +3,9 @@
 ``tools.sandbox.zygote`` starts ``python -I worker.py --template STAGE``: the template
 (``template``) forks a worker per session, and each worker, forked on demand or a
 spare handed its session, runs ``start_worker`` here: it confines its own process
-(namespaces and the new root from ``mounts``, its uid, limits, the filter from
-``seccomp`` last: what each step guarantees is in ``tools.sandbox``'s docstring) and
+(namespaces and the new root from ``mounts``, its IPC namespace's limits, its uid, limits,
+the filter from ``seccomp`` last: what each step guarantees is in ``tools.sandbox``'s
+docstring) and
 then serves requests framed on its control pipes (``frames``): each request's code is
 run in one persistent namespace (``repl``).
 
@@ -19,6 +20,7 @@ new root.
 from __future__ import annotations
 
 import builtins
+import ctypes
 import io
 import os
 import random
@@ -84,11 +86,55 @@ def isolate_namespaces(uid: int | None, report: dict[str, str]) -> str:
             session_mounts(mount, uid, CONFIG["tmpfs_mb"])
     except OSError as exc:  # inside the new root: no weak mode to fall back to
         raise RuntimeError(f"the session's mounts in the new root failed: {exc}") from None
+    if "own" in report.get("ipc", ""):
+        report["ipc"] += limit_ipc(CONFIG["memory_mb"])
     report["filesystem"] = (
         "mount namespace, new root: system and interpreter files only (read-only); "
         "private tmpfs /tmp, /var/tmp, /dev/shm"
     )
     return "/tmp"
+
+
+# Per IPC namespace, so set by each worker (as root, in its own): SysV segments are destroyed
+# once no process has them attached (an attached segment counts to an address space and shows
+# in the host's memory figure; a detached one counted nowhere), at most the session's memory in
+# all; a few message queues and semaphores (kernel memory no figure counts: by default 32,000
+# queues of 16 KB could hold 512 MB).
+IPC_LIMITS = {
+    "kernel/shm_rmid_forced": "1",
+    "kernel/shmmni": "64",
+    "kernel/msgmni": "16",
+    "kernel/sem": "250 4096 32 16",  # per set, in all, per semop call, sets
+}
+
+
+def limit_ipc(memory_mb: int) -> str:
+    """Set this worker's IPC namespace's limits (from its own /proc); what it reports."""
+    shm_bytes = memory_mb << 20
+    wanted = {
+        **IPC_LIMITS,
+        "kernel/shmmax": str(shm_bytes),
+        "kernel/shmall": str(shm_bytes // os.sysconf("SC_PAGE_SIZE")),
+    }
+    try:
+        for key, value in wanted.items():
+            with open("/proc/sys/" + key, "w") as fh:
+                fh.write(value)
+    except OSError as exc:
+        return f"; its limits could not be set (weak: {exc})"
+    return (
+        f"; SysV segments die when detached, {memory_mb} MB of them at most; "
+        f"{IPC_LIMITS['kernel/msgmni']} message queues, 16 semaphore sets"
+    )
+
+
+def cpu_limit_for_init(libc: Any) -> None:
+    """As pid 1 of its PID namespace the worker ignores every signal it has no handler for,
+    SIGXCPU (the per-call CPU limit) included; the handler is libc's ``_exit``, so the
+    signal still ends it at once (exit status 24, SIGXCPU's number), even inside C code."""
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(signal.SIGXCPU, ctypes.cast(libc._exit, ctypes.c_void_p))
 
 
 def tasks_of_user(uid: int) -> int:
@@ -153,6 +199,12 @@ def confine() -> dict[str, str]:
 
     mb = 1 << 20
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    pids = str(CONFIG.get("pid_namespace") or "")
+    if os.getpid() == 1:
+        cpu_limit_for_init(libc)
+        report["pids"] = "own PID namespace (pid 1 in it; no host pid exists inside)"
+    else:
+        report["pids"] = pids if pids.startswith("the host's") else "the host's (weak)"
     resource.setrlimit(resource.RLIMIT_CPU, (CONFIG["worker_cpu_s"], CONFIG["worker_cpu_s"]))
     resource.setrlimit(resource.RLIMIT_FSIZE, (CONFIG["max_file_mb"] * mb, CONFIG["max_file_mb"] * mb))
     resource.setrlimit(resource.RLIMIT_NOFILE, (CONFIG["max_open_files"], CONFIG["max_open_files"]))

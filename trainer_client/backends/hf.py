@@ -9,6 +9,12 @@ and token budget, and stops on its own; results are split back per request.
 Log-probabilities are those of the distribution the token was sampled from, before
 top-k/top-p filtering: ``log_softmax(logits / temperature)`` (raw logits when greedy),
 which is what a trainer recomputes for the same tokens.
+
+Stopping: a thread running torch cannot be cancelled from outside, so the generation
+thread checks a flag before every block of the model (a forward pre-hook on each layer,
+present while the generator runs: a long prompt's prefill is one forward pass) and before
+every token; ``aclose`` (run on Ctrl-C too) sets it, and the batch in flight ends within one
+layer's work instead of running to its token budget.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,10 @@ from trainer_client.backends.base import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class GenerationStopped(RuntimeError):
+    """The generator was closed while a batch was being decoded (its requests get no output)."""
 
 
 @dataclass
@@ -94,6 +105,9 @@ class HFGenerator:
         self._worker: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stop = threading.Event()  # set by aclose: generation ends at the next layer
+        self._in_thread = threading.local()  # marks the generation thread (the hooks stop only it)
+        self._hooks: list[Any] = []  # the layers' stop checks, while the generator runs
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.batches: list[int] = []  # size of every batch run, for inspection and benchmarks
 
@@ -129,19 +143,29 @@ class HFGenerator:
         return await request.future
 
     async def aclose(self) -> None:
-        """Stop the batching task and the worker thread (a later ``generate`` restarts them)."""
-        if self._worker is not None and self._loop is asyncio.get_running_loop():
-            self._worker.cancel()
-            try:
-                await self._worker
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
-                    raise  # the caller itself is being cancelled (Ctrl-C): not ours to swallow
-        self._worker = None
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        """Stop the batching task and the worker thread (a later ``generate`` restarts them).
+
+        A batch being generated stops before its next layer (its requests get no output), so
+        this returns within one layer's work, also while the caller is being cancelled (Ctrl-C).
+        """
+        self._stop.set()
+        try:
+            if self._worker is not None and self._loop is asyncio.get_running_loop():
+                self._worker.cancel()
+                try:
+                    await self._worker
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise  # the caller itself is being cancelled (Ctrl-C): not ours to swallow
+        finally:
+            self._worker = None
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)  # one layer's work at most: the flag is set
+                self._executor = None
+            for hook in self._hooks:  # the model may be trained or served by others next
+                hook.remove()
+            self._hooks = []
 
     # ------------------------------------------------------------------ batching
 
@@ -181,9 +205,16 @@ class HFGenerator:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._serve(), name="hf-generator-batching")
         if self._executor is None:
+            self._stop.clear()  # after aclose: its thread has ended
             self._executor = concurrent.futures.ThreadPoolExecutor(
                 max_workers=1, thread_name_prefix="hf-generate"
             )
+            self._hooks = [
+                block.register_forward_pre_hook(self._layer_hook)
+                for blocks in self.model.modules()
+                if isinstance(blocks, torch.nn.ModuleList)
+                for block in blocks
+            ]
 
     async def _serve(self) -> None:
         assert self._queue is not None
@@ -207,7 +238,12 @@ class HFGenerator:
                 continue
             self.batches.append(len(live))
             try:
-                await loop.run_in_executor(self._executor, self._run_batch, live)  # one batch at a time
+                await loop.run_in_executor(self._executor, self._generate, live)  # one batch at a time
+            except GenerationStopped as exc:  # closed mid-batch: not a failure to report
+                for r in live:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
             except Exception as exc:
                 logger.exception("batched generation failed")
                 for r in live:
@@ -232,8 +268,26 @@ class HFGenerator:
 
     # ------------------------------------------------------------------ the decode loop (worker thread)
 
+    def _generate(self, batch: list[_Request]) -> None:
+        """``_run_batch`` in the generation thread, marked so that the layer hooks may stop it."""
+        self._in_thread.active = True
+        try:
+            self._run_batch(batch)
+        finally:
+            self._in_thread.active = False
+
+    def _layer_hook(self, module: Any, args: Any) -> None:
+        # Only the generation thread: a trainer may run the same model in another thread.
+        if getattr(self._in_thread, "active", False):
+            self._check_stopped()
+
+    def _check_stopped(self) -> None:
+        if self._stop.is_set():
+            raise GenerationStopped("the generator was closed while this request was being generated")
+
     @torch.inference_mode()
     def _run_batch(self, batch: list[_Request]) -> None:
+        self._check_stopped()
         width = max(len(r.prompt_ids) for r in batch)
         rows = len(batch)
         input_ids = torch.full((rows, width), self.pad_token_id, dtype=torch.long)
@@ -263,6 +317,7 @@ class HFGenerator:
         steps = max(r.max_tokens for r in batch)
         stop_window = max((len(s) for r in batch for s in r.stop), default=0) + 2
         for _ in range(steps):
+            self._check_stopped()
             next_ids = []
             for i, r in enumerate(batch):
                 if r.finish is not None:

@@ -185,6 +185,7 @@ class SharedPrefixGenerator(HFGenerator):
 
     @torch.inference_mode()
     def _run_batch(self, batch: list[Any]) -> None:
+        self._check_stopped()  # before the prefill: a closed generator starts nothing
         prompts = [r.prompt_ids for r in batch]
         capacity = max(len(p) for p in prompts) + max(r.max_tokens for r in batch) + 1
         shared, cache = self._prefix_for(prompts, capacity)

@@ -35,6 +35,7 @@ __all__ = ["SUBCOMMANDS", "CliError", "Subcommand", "build_parser", "main", "reg
 PLUGIN_MODULES: tuple[str, ...] = (
     "trainer_client.cli.show",
     "trainer_client.cli.train",
+    "trainer_client.cli.serve_model",
     "trainer_client.verl.config",
 )
 

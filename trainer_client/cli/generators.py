@@ -1,14 +1,17 @@
-"""What generates the ``rollout`` command's turns: a local HF model, or a replayed script.
+"""What generates the ``rollout`` command's turns: a local HF model, a vLLM server, or a replayed script.
 
 Each backend returns ``(tokenizer, generator, renderer, session_for)``; ``session_for``
 is None for a model, and for a script gives each trajectory a session id its turns are
-assigned to (``load_script`` reads them from a JSONL file).
+assigned to (``load_script`` reads them from a JSONL file). ``engine_server`` starts the
+local vLLM server ``--engine vllm`` needs when no ``--engine-url`` is given.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,69 @@ from trainer_client.rollout.dataset import TaskRow
 from trainer_client.rollout.records import read_records
 from trainer_client.rollout.runner import SessionFor
 
-__all__ = ["hf_backend", "load_script", "scripted_backend"]
+__all__ = [
+    "ENGINES",
+    "add_engine_arguments",
+    "engine_server",
+    "hf_backend",
+    "load_script",
+    "scripted_backend",
+    "vllm_backend",
+    "vllm_generator",
+]
+
+ENGINES = ("hf", "vllm")
+
+
+def add_engine_arguments(group: Any) -> None:
+    """``--engine`` and ``--engine-url``: the same two flags on ``rollout`` and the demo."""
+    group.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="hf",
+        help="what generates: 'hf' (transformers in this process, default) or 'vllm' (a vLLM OpenAI server, "
+        "token ids in and out; without --engine-url one is started from .venv-vllm for --model: `make vllm`)",
+    )
+    group.add_argument(
+        "--engine-url",
+        default=None,
+        metavar="URL",
+        help="a running vLLM server for --engine vllm, e.g. http://127.0.0.1:8001 (trainer-client serve-model); "
+        "it must serve --model (its tokenizer is checked)",
+    )
+
+
+@contextlib.contextmanager
+def engine_server(args: argparse.Namespace) -> Iterator[None]:
+    """For ``--engine vllm`` without ``--engine-url``: a local vLLM server for ``args.model``
+    while the block runs (``args.engine_url`` set to it), always stopped afterwards."""
+    if getattr(args, "engine", "hf") != "vllm" or args.engine_url:
+        yield
+        return
+    from trainer_client.backends.models import DEFAULT_MODEL, SMOLLM2_DIRNAME, resolve_model_path
+    from trainer_client.backends.vllm_server import VLLMServerSettings, local_vllm_server
+
+    try:
+        model_dir = resolve_model_path(args.model)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    name = DEFAULT_MODEL if model_dir.name == SMOLLM2_DIRNAME else model_dir.name
+    print(
+        f"starting a vLLM server for {model_dir} (about a minute; longer on a busy machine)", file=sys.stderr
+    )
+    with contextlib.ExitStack() as stack:
+        try:  # only the start-up's failures are ours to explain; the block's own pass through
+            server = stack.enter_context(
+                local_vllm_server(VLLMServerSettings(model_dir, served_model_name=name))
+            )
+        except (FileNotFoundError, RuntimeError) as exc:
+            raise CliError(str(exc)) from None
+        print(f"vLLM ready at {server.url} after {server.started_s:.0f} s", file=sys.stderr)
+        args.engine_url = server.url
+        try:
+            yield
+        finally:
+            args.engine_url = None
 
 
 def hf_backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any, Any, None]:
@@ -33,6 +98,37 @@ def hf_backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any, Any, No
     generator = HFGenerator(
         model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
     )
+    renderer = make_renderer(
+        tokenizer, config.tool_result_template, chat_template_kwargs=config.chat_template_kwargs
+    )
+    return tokenizer, generator, renderer, None
+
+
+async def vllm_generator(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(tokenizer, generator) for the vLLM server at ``args.engine_url``, checked to tokenize
+    as ``args.model`` does (token ids only mean the same thing with one vocabulary)."""
+    from trainer_client.backends.models import load_tokenizer
+    from trainer_client.backends.vllm import VLLMError, VLLMGenerator
+
+    if not args.engine_url:
+        raise CliError("--engine vllm needs a server: pass --engine-url URL (or leave it out to start one)")
+    tokenizer = load_tokenizer(args.model)
+    generator = VLLMGenerator(
+        args.engine_url, max_concurrency=args.concurrency, default_max_tokens=args.max_tokens
+    )
+    try:
+        await generator.check_tokenizer(tokenizer)
+    except VLLMError as exc:
+        await generator.aclose()
+        raise CliError(str(exc)) from None
+    return tokenizer, generator
+
+
+async def vllm_backend(args: argparse.Namespace, config: Any) -> tuple[Any, Any, Any, None]:
+    """A vLLM server at ``args.engine_url``: (tokenizer, generator, renderer, None)."""
+    from trainer_client.templates.factory import make_renderer
+
+    tokenizer, generator = await vllm_generator(args)
     renderer = make_renderer(
         tokenizer, config.tool_result_template, chat_template_kwargs=config.chat_template_kwargs
     )

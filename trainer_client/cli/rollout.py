@@ -1,9 +1,12 @@
 """``trainer-client rollout``: roll out a model on a dataset against a tool server.
 
-Generates with a local model (``rollout_backends.hf_backend``) or replays scripted turns
-(``--script``, ``rollout_backends.scripted_backend``), runs the calls on the tool server,
+Generates with a local model (``generators.hf_backend``), a vLLM server (``--engine vllm``,
+``generators.vllm_backend``) or replays scripted turns (``--script``,
+``generators.scripted_backend``), runs the calls on the tool server,
 scores them with a server verifier, and writes one JSON line per trajectory
-(``trainer_client.rollout.records``) plus ``<out>.summary.json``.
+(``trainer_client.rollout.records``) plus ``<out>.summary.json``. One Ctrl-C stops it within
+one layer's work of the model: the trajectories that finished are in the file, their summary
+is written (``"interrupted": true``), the sessions are released, and it exits 130.
 """
 
 from __future__ import annotations
@@ -17,10 +20,17 @@ from typing import Any
 
 import orjson
 
-from trainer_client.cli.generators import hf_backend, load_script, scripted_backend
+from trainer_client.cli.generators import (
+    add_engine_arguments,
+    engine_server,
+    hf_backend,
+    load_script,
+    scripted_backend,
+    vllm_backend,
+)
 from trainer_client.cli.subcommands import CliError, Subcommand, register_subcommand
 from trainer_client.rollout.dataset import TaskRow, load_tasks
-from trainer_client.rollout.runner import run_and_write, tool_chooser
+from trainer_client.rollout.runner import interrupt_at_once, run_and_write, tool_chooser
 from trainer_client.rollout.summary import format_summary, summarize
 from trainer_client.shared import URL_ENV
 
@@ -99,6 +109,7 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
         'turn texts per dataset row, line N for row N, or {"index": N, "turns": [...]} lines; '
         '{"turns": [...]} without an index is the default for every other row',
     )
+    add_engine_arguments(model)
     model.add_argument(
         "--tool-schemas",
         choices=TOOL_SCHEMA_MODES,
@@ -194,8 +205,14 @@ def run_rollout(args: argparse.Namespace) -> int:
     if not rows:
         raise CliError(f"{args.data} has no rows in the selected range")
     script = load_script(args.script, rows) if args.script else None
+    if script is not None and args.engine != "hf":
+        raise CliError("--script replays its own turns: leave out --engine")
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}.jsonl").expanduser()
-    summary = asyncio.run(_rollout(args, urls, rows, out, script))
+    # Ctrl-C: asyncio.run cancels _rollout (the trajectories end and release their sessions,
+    # generation stops before its next layer, the summary of what finished is written), then
+    # raises KeyboardInterrupt, which ``trainer-client`` reports as "interrupted" (exit 130).
+    with engine_server(args):  # --engine vllm without --engine-url: a local server, always stopped
+        summary = asyncio.run(_rollout(args, urls, rows, out, script))
     print(format_summary(summary, title=f"rollout summary ({out})"))
     return 0
 
@@ -237,8 +254,11 @@ async def _rollout(
         config = rollout_config(args)
         if script is not None:
             tokenizer, generator, renderer, session_for = scripted_backend(args, config, script)
+        elif args.engine == "vllm":
+            tokenizer, generator, renderer, session_for = await vllm_backend(args, config)
         else:
-            tokenizer, generator, renderer, session_for = hf_backend(args, config)
+            with interrupt_at_once():  # loading blocks the event loop: Ctrl-C must still stop it
+                tokenizer, generator, renderer, session_for = hf_backend(args, config)
         core = RolloutCore(
             tokenizer,
             generator,
@@ -248,6 +268,8 @@ async def _rollout(
             renderer=renderer,
         )
         tools_for = await tool_chooser(client, core, args.tool_schemas, args.toolset)
+        finished: list[dict[str, Any]] = []
+        started = time.perf_counter()
         try:
             records, wall = await run_and_write(
                 core,
@@ -259,16 +281,46 @@ async def _rollout(
                 progress=not args.no_progress,
                 tools_for=tools_for,
                 session_for=session_for,
+                finished=finished,
             )
+        except asyncio.CancelledError:  # Ctrl-C: the trajectories were cancelled and released
+            _write_interrupted(args, out, finished, len(rows) * args.n, started, client.metrics())
+            raise
         finally:
             aclose = getattr(generator, "aclose", None)
             if aclose is not None:
-                await aclose()
+                await aclose()  # stops a batch being generated before its next layer
         summary = summarize(
             records, wall_s=wall, client_metrics=client.metrics(), success_threshold=args.success_threshold
         )
-    out.with_suffix(".summary.json").write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    _summary_path(out).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
     return summary
+
+
+def _summary_path(out: Path) -> Path:
+    return out.with_suffix(".summary.json")
+
+
+def _write_interrupted(
+    args: argparse.Namespace,
+    out: Path,
+    finished: list[dict[str, Any]],
+    planned: int,
+    started: float,
+    client_metrics: dict[str, Any],
+) -> None:
+    """The summary of what finished before Ctrl-C, marked interrupted (its records are in ``out``)."""
+    summary = summarize(
+        finished,
+        wall_s=time.perf_counter() - started,
+        client_metrics=client_metrics,
+        success_threshold=args.success_threshold,
+    )
+    summary["interrupted"] = True
+    summary["planned_trajectories"] = planned
+    _summary_path(out).write_bytes(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+    title = f"rollout summary ({out}): interrupted, {len(finished)} of {planned} trajectories finished"
+    print(format_summary(summary, title=title), flush=True)
 
 
 register_subcommand(
@@ -277,7 +329,8 @@ register_subcommand(
         "roll out a model on a dataset against a tool server; writes trajectories and a summary",
         add_rollout_arguments,
         run_rollout,
-        description="Generate multi-turn trajectories with a local model (CPU, HF transformers) or replay "
+        description="Generate multi-turn trajectories with a local model (CPU, HF transformers), a vLLM server "
+        "(--engine vllm) or replay "
         "scripted turns (--script), run the tool calls on the tool server, score them with a server "
         "verifier, and write one JSON line per trajectory (ids, loss mask, messages, reward, metrics) plus "
         "<out>.summary.json.",

@@ -7,6 +7,7 @@ and a plain MCP client for servers without a batch API.
   POSTs for a batch one slow call holds back;
 * ``routing``, ``health``, ``discovery``: which replica, which are up, replicas from DNS;
 * ``idempotency``: which tools may run twice; ``records``: what the client keeps;
+* ``leases``: the sessions of live trajectories renewed on the server (``lease_session``);
 * ``sync``: ``SyncToolClient``; ``mcp``: ``McpToolClient``.
 """
 

@@ -154,6 +154,8 @@ class Metrics:
     splits: int = 0
     session_moves: int = 0  # sessions re-homed before any replica had answered for them
     sessions_lost: int = 0  # sessions whose replica went away with their state
+    sessions_renewed: int = 0  # leases renewed (one per session per round, see ``leases``)
+    leases_expired: int = 0  # leased sessions a replica no longer had when renewed
     replica_down: int = 0
     replica_up: int = 0
     errors: dict[str, int] = field(default_factory=dict)
@@ -181,6 +183,8 @@ class Metrics:
             "latency_ms": percentiles(m.latencies_ms),
             "session_moves": m.session_moves,
             "sessions_lost": m.sessions_lost,
+            "sessions_renewed": m.sessions_renewed,
+            "leases_expired": m.leases_expired,
             "replica_down_events": m.replica_down,
             "replica_up_events": m.replica_up,
             "replicas": [

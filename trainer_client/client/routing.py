@@ -123,6 +123,12 @@ class Router:
     def pinned(self, session: str) -> Replica | None:
         return self._sessions.get(session)
 
+    def landed_on(self, session: str) -> Replica | None:
+        """The replica holding the session's state (None: no replica answered for it yet, or it is lost)."""
+        if session not in self._landed or session in self._lost:
+            return None
+        return self._sessions.get(session)
+
     def forget(self, session: str) -> Replica | None:
         """Stop tracking a session; returns the replica to release it on (None: it is gone)."""
         self._landed.pop(session, None)

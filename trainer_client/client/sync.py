@@ -71,6 +71,14 @@ class SyncToolClient:
     def create_session(self) -> str:
         return self._run(self._client.create_session())
 
+    def lease_session(self, session_id: str) -> None:
+        """Keep a session open on the server until ``release_session`` (``ToolClient.lease_session``)."""
+
+        async def lease() -> None:
+            self._client.lease_session(session_id)
+
+        self._run(lease())
+
     def release_session(self, session_id: str) -> None:
         self._run(self._client.release_session(session_id))
 

@@ -68,6 +68,7 @@ from trainer_client.client.discovery import Discovery, dns_name, resolve
 from trainer_client.client.dispatch import Dispatcher
 from trainer_client.client.health import HealthMonitor
 from trainer_client.client.idempotency import IdempotencyCatalog
+from trainer_client.client.leases import SessionLeases
 from trainer_client.client.policies import BatchPolicy, HealthPolicy, RetryPolicy, policies_from_keywords
 from trainer_client.client.records import (
     CALLS,
@@ -98,8 +99,10 @@ class ToolClient:
     """Batched, retrying client for one or more tool-server replicas.
 
     Implements the rollout core's ``ToolInvoker`` protocol (``call_tools`` and
-    ``release_session``). Use it as an async context manager, or call
-    ``aclose()`` when done. All methods must run on one event loop.
+    ``release_session``, plus ``lease_session``: the sessions of live trajectories are
+    renewed, so a slow policy never loses its world to the server's TTL). Use it as an
+    async context manager, or call ``aclose()`` when done. All methods must run on one
+    event loop.
 
     Delivery (details in the module docstring): a call is re-sent only under its own
     call_id, until its deadline. A call that never reached a server is re-sent anywhere;
@@ -180,6 +183,7 @@ class ToolClient:
         )
         self._catalog = IdempotencyCatalog(self._http, self._auth, self.health.timeout_s)
         self.discovery = Discovery(dns, self.replicas, self._router, self._wake) if dns else None
+        self._leases = SessionLeases(self._http, self._headers, self._router, self._metrics)
         self._dispatch = Dispatcher(
             self._http,
             self._headers,
@@ -275,12 +279,25 @@ class ToolClient:
         self._router.pin(session, replica)
         return session
 
+    def lease_session(self, session_id: str) -> None:
+        """Keep a session open on the server until ``release_session`` (or ``aclose``).
+
+        The server closes a session idle for its ``sessions.ttl_s``; a leased one is renewed
+        every third of that TTL (one request per replica for all leased sessions, ``leases``),
+        so a trajectory keeps its world however long its policy takes to generate. The rollout
+        core leases the session of every trajectory it runs. A session is renewed once a
+        replica has answered for it (before that it holds no state).
+        """
+        self._start()
+        self._leases.hold(session_id)
+
     async def release_session(self, session_id: str) -> None:
-        """Free a trajectory's server-side state. Failures are logged, not raised.
+        """Free a trajectory's server-side state and end its lease. Failures are logged, not raised.
 
         A session the server does not know (never used, already expired) is fine;
         an unreachable server expires the session after its TTL anyway.
         """
+        self._leases.drop(session_id)
         replica = self._router.forget(session_id)
         if replica is None:
             return  # its replica is gone, and its state with it
@@ -308,6 +325,7 @@ class ToolClient:
         if self._closed:
             return
         self._closed = True
+        await self._leases.aclose()
         await self._health.aclose()
         if self.discovery is not None:
             await self.discovery.aclose()

@@ -30,8 +30,10 @@ of text saying it was not shown. ``max_obs_tokens`` counts image tokens: an imag
 not fit is replaced by such a line (see ``observation_budget``).
 
 The output ``Trajectory`` carries what veRL's ``AgentLoopOutput`` needs (``images`` for its
-``multi_modal_data``). The session is released at the end of every trajectory, also when
-generation or a tool fails.
+``multi_modal_data``). The session is leased while the trajectory runs (an invoker with
+``lease_session``, as ``ToolClient``, renews it on the server, so generation may take longer
+than the server's session TTL) and released at the end of every trajectory, also when
+generation or a tool fails, or the rollout is cancelled (Ctrl-C).
 
 Where the parts live: the records (``RolloutConfig``, ``Task``, ``Trajectory``, ...) in
 ``types``, re-exported here; a trajectory's mutable state in ``state``;
@@ -160,6 +162,9 @@ class RolloutCore:
         ``StopReason.ERROR`` and the message in ``Trajectory.error``."""
         state = TrajectoryState(task, session_id or protocol.new_session_id())
         try:
+            lease = getattr(self.invoker, "lease_session", None)
+            if lease is not None:  # renewed while the trajectory lives: a slow policy keeps its world
+                lease(state.session_id)
             state.prompt_ids = self.renderer.prompt_ids(task.messages, task.tools)
             await self._loop(state, {**self.config.sampling_params, **(sampling_params or {})})
             if state.stop_reason != StopReason.SESSION_LOST:

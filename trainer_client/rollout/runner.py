@@ -2,15 +2,19 @@
 
 ``run_and_write`` runs ``n`` samples of every row concurrently and appends each
 trajectory's record (``records``) to a JSONL file; ``tool_chooser`` picks the
-tool schemas each row's prompt shows. The ``rollout`` command and the demo share them.
+tool schemas each row's prompt shows; ``interrupt_at_once`` lets Ctrl-C stop a blocking
+step (loading a model) inside ``asyncio.run``. The ``rollout`` command and the demo share them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,7 @@ import orjson
 from trainer_client.rollout.dataset import TaskRow
 from trainer_client.rollout.records import trajectory_record
 
-__all__ = ["SessionFor", "ToolsFor", "rollout_rows", "run_and_write", "tool_chooser"]
+__all__ = ["SessionFor", "ToolsFor", "interrupt_at_once", "rollout_rows", "run_and_write", "tool_chooser"]
 
 ToolsFor = Callable[[TaskRow], list[dict[str, Any]] | None]
 SessionFor = Callable[[TaskRow, int], str]
@@ -70,8 +74,13 @@ async def run_and_write(
     description: str = "trajectories",
     tools_for: ToolsFor | None = None,
     session_for: SessionFor | None = None,
+    finished: list[dict[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], float]:
-    """Roll out and append each record to ``out`` as it finishes; returns (records, wall s)."""
+    """Roll out and append each record to ``out`` as it finishes; returns (records, wall s).
+
+    ``finished`` gets each record too, as it is written: what an interrupted run (Ctrl-C
+    cancels it) still has to summarize.
+    """
     from tqdm import tqdm
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,6 +91,8 @@ async def run_and_write(
         def on_record(record: dict[str, Any]) -> None:
             handle.write(orjson.dumps(record) + b"\n")
             handle.flush()
+            if finished is not None:
+                finished.append(record)
             if record.get("reward") is not None:
                 rewards.append(record["reward"])
                 bar.set_postfix(reward=f"{sum(rewards) / len(rewards):.3f}", refresh=False)
@@ -124,3 +135,24 @@ async def tool_chooser(client: Any, core: Any, mode: str, toolset: str | None) -
         )
 
     return choose
+
+
+@contextlib.contextmanager
+def interrupt_at_once() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt inside this block, also under ``asyncio.run``.
+
+    ``asyncio.run``'s own handler only cancels the main task, which a blocking call on the
+    event loop (loading a model: half a minute) would see only once it returns. Around such
+    a call nothing else runs, so raising right there is safe. SIGINT stays ignored where it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+        signal.SIG_IGN,
+        None,
+    ):
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -30,7 +30,13 @@ TRUNCATION_MARKER = "\n...[truncated {n} tokens]"
 
 @runtime_checkable
 class ToolInvoker(Protocol):
-    """Runs tool calls for the rollout. Results come back one per call, in order."""
+    """Runs tool calls for the rollout. Results come back one per call, in order.
+
+    Optional: ``lease_session(session_id)`` (sync), called when a trajectory starts, keeps
+    its session open on the server until ``release_session`` however long generation takes
+    (``ToolClient`` has it); ``create_session(session_id, environment=...)`` binds a session
+    to an environment task.
+    """
 
     async def call_tools(self, calls: list[protocol.Call]) -> list[protocol.Result]: ...
 

@@ -104,6 +104,12 @@ class GRPOConfig:
     """trajectories in flight at once"""
     generation_batch_size: int = 32
     """rows decoded together"""
+    engine: str = "hf"
+    """what generates the rollouts: hf (the policy itself, in this process) or vllm (a vLLM server; the
+    update stays on the HF policy, whose weights vLLM reloads before each step's rollouts)"""
+    engine_url: str | None = None
+    """the vLLM server of engine=vllm, started with weight sync (trainer-client serve-model --weight-sync)
+    for the same model; unset: the trainer starts its own from .venv-vllm (make vllm)"""
 
     eval_every: int = 5
     """evaluate every N steps; 0: only at the start and the end"""
@@ -163,6 +169,8 @@ class GRPOConfig:
             raise ValueError("kl_coef and entropy_coeff must not be negative")
         if self.eval_every < 0 or self.save_every < 0:
             raise ValueError("eval_every and save_every must be >= 0 (0 disables)")
+        if self.engine not in ("hf", "vllm"):
+            raise ValueError(f"GRPOConfig.engine must be hf or vllm, got {self.engine!r}")
         if self.tool_schemas not in TOOL_SCHEMA_MODES:
             raise ValueError(
                 f"GRPOConfig.tool_schemas must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {self.tool_schemas!r}"

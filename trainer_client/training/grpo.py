@@ -292,12 +292,23 @@ class GRPOTrainer:
             self.model.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
 
-        self.generator = SharedPrefixGenerator(
-            self.model,
-            self.tokenizer,
-            max_batch_size=cfg.generation_batch_size,
-            default_max_tokens=cfg.max_tokens_per_turn,
-        )
+        if cfg.engine == "vllm":  # rollouts on vLLM; weights pushed to it before each step's rollouts
+            from trainer_client.training.vllm_policy import VLLMPolicyEngine
+
+            self.generator: Any = VLLMPolicyEngine(
+                cfg.model,
+                self.out_dir,
+                url=cfg.engine_url,
+                max_concurrency=cfg.max_concurrency,
+                default_max_tokens=cfg.max_tokens_per_turn,
+            )
+        else:
+            self.generator = SharedPrefixGenerator(
+                self.model,
+                self.tokenizer,
+                max_batch_size=cfg.generation_batch_size,
+                default_max_tokens=cfg.max_tokens_per_turn,
+            )
         self._owns_invoker = invoker is None
         self.invoker = invoker if invoker is not None else ToolClient(cfg.server, toolset=cfg.toolset)
         self.train_core = self._core(cfg.rollout_config())
@@ -362,13 +373,14 @@ class GRPOTrainer:
         cfg = self.config
         await self._show_tools()
         t0 = time.perf_counter()
+        sync_s = await self._sync_engine()
         prompts = self._next_prompts()
         tasks = [p for p in prompts for _ in range(cfg.group_size)]
         group_index = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
         self.model.eval()
         self.generator.clear_prefix_cache()
         trajectories = await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
-        rollout_s = time.perf_counter() - t0
+        rollout_s = time.perf_counter() - t0 - sync_s
 
         batch = RolloutBatch.build(trajectories, group_index)
         advantages = grpo_advantages(batch, cfg.norm_adv_by_std)
@@ -390,6 +402,7 @@ class GRPOTrainer:
                 "time/rollout_s": rollout_s,
                 "time/update_s": update_s,
                 "time/step_s": time.perf_counter() - t0,
+                **({"time/weight_sync_s": sync_s} if cfg.engine == "vllm" else {}),
             },
             lr=self.optimizer.param_groups[0]["lr"],
             epoch=self.epoch,
@@ -499,6 +512,7 @@ class GRPOTrainer:
         if not self.eval_tasks or core is None:
             return None
         await self._show_tools()
+        await self._sync_engine()
         self.model.eval()
         self.generator.clear_prefix_cache()
         t0 = time.perf_counter()
@@ -529,6 +543,11 @@ class GRPOTrainer:
         """The evaluations of a checkpoint: sampled, and greedy when ``greedy_eval`` asks for it."""
         await self.evaluate()
         await self.evaluate(greedy=True)
+
+    async def _sync_engine(self) -> float:
+        """engine=vllm: make the server sample from the current policy (once per step); seconds taken."""
+        sync = getattr(self.generator, "sync_weights", None)
+        return await sync(self.model, self.step) if sync is not None else 0.0
 
     async def close(self) -> None:
         if self._owns_invoker:

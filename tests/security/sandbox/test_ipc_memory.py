@@ -32,9 +32,8 @@ MAKE_SEGMENT = (
     + r"""
 sid = libc.shmget(KEY, 1 << 20, 0o1000 | 0o666)  # IPC_CREAT, readable and writable by anyone
 assert sid >= 0, ctypes.get_errno()
-addr = libc.shmat(sid, None, 0)
+addr = libc.shmat(sid, None, 0)  # kept attached: a segment no process has attached dies at once
 ctypes.memmove(addr, b"{secret}", {size})
-libc.shmdt(ctypes.c_void_p(addr))
 """
 )
 

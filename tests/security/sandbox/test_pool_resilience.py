@@ -71,13 +71,13 @@ async def test_a_scrape_reads_no_proc_on_the_event_loop(monkeypatch: pytest.Monk
     runs, through ``PythonTool.gauges``) must leave every /proc walk to the background thread."""
     loop_thread = threading.get_ident()
     walks: list[int] = []
-    real_pss = interpreter.pss_bytes
+    real_held = interpreter.held
 
-    def recording_pss(pid: int) -> int:
+    def recording_held(root: int, counted: set[int], *, precise: bool, alone: bool = False) -> int:
         walks.append(threading.get_ident())
-        return real_pss(pid)
+        return real_held(root, counted, precise=precise, alone=alone)
 
-    monkeypatch.setattr(interpreter, "pss_bytes", recording_pss)
+    monkeypatch.setattr(interpreter, "held", recording_held)
     async with SandboxPool(0, max_workers=8) as pool:
         leases = [await pool.acquire() for _ in range(4)]
         try:

@@ -166,8 +166,10 @@ async def test_a_worker_holds_no_fd_of_the_template_or_of_another_session(
     template = template_pid()
     held = {int(fd): os.readlink(f"/proc/{template}/fd/{fd}") for fd in os.listdir(f"/proc/{template}/fd")}
     assert sorted(held)[:4] == [0, 1, 2, 3], held  # stdio and its socket
-    # and one socket per spare child (a few per prepared root): no session's pipe or memfd
-    assert all(target.startswith("socket:") for fd, target in held.items() if fd > 3), held
+    # and its own PID namespace (to return to after forking a child into a new one), and one
+    # socket per spare child (a few per prepared root): no session's pipe or memfd
+    assert all(target.startswith(("socket:", "pid:")) for fd, target in held.items() if fd > 3), held
+    assert sum(target.startswith("pid:") for target in held.values()) <= 1, held
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="needs root: workers drop to uids of their own")
@@ -186,8 +188,9 @@ async def test_nothing_a_worker_does_reaches_the_template(pair: tuple[SandboxWor
         f"out, os.path.exists('/proc/{template}'), os.getppid()"
     )
     kills, visible, ppid = ast.literal_eval(attempt.value or "")
-    assert kills == ["PermissionError", "PermissionError"], attempt
-    assert not visible and ppid == template  # it knows the number, and that is all
+    # In its own PID namespace the template's pid names no process, and its parent is outside (0)
+    assert kills == ["ProcessLookupError", "ProcessLookupError"], attempt
+    assert not visible and ppid == 0
     assert template_pid() == template  # the same template, running
     assert parent_of(second.proc.pid) == template
     third = await spawn()

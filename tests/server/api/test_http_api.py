@@ -162,7 +162,7 @@ def test_oversized_body_gets_413(tmp_path):
             yield b"]}"
 
         streamed = httpx.post(
-            srv.url + "/v1/calls", content=chunks()
+            srv.url + "/v1/calls", content=chunks(), headers={"content-type": "application/json"}
         )  # no Content-Length: counted as it streams
         assert streamed.status_code == 413
         many = {"calls": [{"call_id": str(i), "name": "echo"} for i in range(4)]}
@@ -203,7 +203,7 @@ def test_tools_listing_and_toolsets(server):
 
 
 def test_sessions_create_release_and_unknown(server):
-    created = httpx.post(server.url + "/v1/sessions")
+    created = httpx.post(server.url + "/v1/sessions", headers={"content-type": "application/json"})  # no body
     assert created.status_code == 201
     session = created.json()["session"]
     named = httpx.post(server.url + "/v1/sessions", json={"session": "traj-42"}).json()
@@ -211,7 +211,9 @@ def test_sessions_create_release_and_unknown(server):
     assert httpx.delete(f"{server.url}/v1/sessions/{session}").status_code == 200
     gone = httpx.delete(f"{server.url}/v1/sessions/{session}")
     assert gone.status_code == 404 and gone.json()["error"]["kind"] == "unknown_session"
-    bad = httpx.post(server.url + "/v1/sessions", content=b"{oops")
+    bad = httpx.post(
+        server.url + "/v1/sessions", content=b"{oops", headers={"content-type": "application/json"}
+    )
     assert bad.status_code == 400
 
 

@@ -214,6 +214,7 @@ def test_load_upstreams_applies_overrides_and_skips_disabled() -> None:
         ({"per_session": "false"}, "per_session must be true or false"),
         ({"session_meta": 0}, "session_meta must be true or false"),
         ({"disabled": "no"}, "disabled must be true or false"),
+        ({"max_sessions_per_tenant": 0}, "max_sessions_per_tenant must be a positive integer (or null)"),
     ],
 )
 def test_options_of_the_wrong_type_are_config_errors(option: dict[str, Any], needle: str) -> None:
@@ -268,7 +269,8 @@ async def test_upstream_errors_become_results(time_server: Any) -> None:
 
 async def test_killed_subprocess_is_restarted(time_server: Any) -> None:
     up, pids, before = time_server
-    (pid,) = pids
+    (reaper,) = pids
+    (pid,) = children(reaper)  # the server itself, under its reaper (tool_server/upstream/reaper.py)
     os.kill(pid, signal.SIGKILL)
     during = await up.call("get_current_time", {"timezone": "UTC"})
     assert during.is_error and during.error.kind == ErrorKind.UNAVAILABLE
@@ -279,7 +281,7 @@ async def test_killed_subprocess_is_restarted(time_server: Any) -> None:
     assert status["restarts"] == 1 and status["state"] == "ready"
     assert "connection" in status["last_error"] or "closed" in status["last_error"]
     replacement = children() - before
-    assert len(replacement) == 1 and pid not in replacement  # one new process took the dead one's place
+    assert len(replacement) == 1 and reaper not in replacement  # one new process took the dead one's place
     after = await up.call("get_current_time", {"timezone": "Europe/Paris"})
     assert not after.is_error and after.structured["timezone"] == "Europe/Paris"
 
@@ -295,11 +297,12 @@ async def test_hung_subprocess_is_found_by_the_health_probe_and_replaced() -> No
     )
     await up.start()
     try:
-        (pid,) = children() - before
+        (reaper,) = children() - before
+        (pid,) = children(reaper)  # the server runs under its reaper (tool_server/upstream/reaper.py)
         os.kill(pid, signal.SIGSTOP)  # alive, pipes open, but it answers nothing
         await wait_until(lambda: up.status()["restarts"] >= 1 and up.healthy, timeout_s=30)
         assert up.status()["last_error"].startswith("health check failed: no answer to tools/list within 1 s")
-        assert pid not in children()  # the hung process was killed, not leaked
+        await wait_until(lambda: not Path(f"/proc/{pid}").exists())  # the hung process was killed, not leaked
         assert not (await up.call("get_current_time", {"timezone": "UTC"})).is_error
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -21,7 +21,7 @@ from tool_server.config import config_from_dict
 from trainer_client.client.policies import BatchPolicy, HealthPolicy, RetryPolicy
 from trainer_client.client.tool_client import ToolClient
 
-URL = "http://toolserver"  # ASGITransport ignores the host
+URL = "http://localhost"  # ASGITransport ignores the address; the Host check (api/origin.py) reads the name
 
 
 class Boom(Exception):

@@ -31,6 +31,8 @@ export async function api(path, { method = "GET", body, raw = false } = {}) {
   if (body !== undefined && !raw) {
     headers["Content-Type"] = "application/json";
     body = JSON.stringify(body);
+  } else if (body !== undefined) {
+    headers["Content-Type"] = "application/x-ndjson"; // a JSONL file as it is; untyped bodies get 415
   }
   const response = await fetch(path, { method, headers, body });
   const text = await response.text();

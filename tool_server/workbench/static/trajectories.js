@@ -19,13 +19,14 @@ export async function mount(main, args) {
     q: el("input", { type: "search", placeholder: "trajectory id (press /)", "aria-label": "trajectory id", dataset: { filter: "" } }),
   };
   const count = el("span.muted", { dataset: { count: "" } });
+  const notice = el("p.error", { dataset: { indexNotice: "" } }); // the index stops short of the file's end
   const table = el("div.panel.table-box");
   const pager = el("div.pager");
   const detail = el("section", { dataset: { trajectory: "" } });
   clear(main,
     el("div.row", {}, el("h2", { text: "Trajectories" }), fileSelect, el("label", {}, "or upload ", upload)),
     el("div.row.filters", {}, Object.values(filters), count),
-    table, pager, detail);
+    notice, table, pager, detail);
 
   const listing = await api("/ui/api/files");
   const drawFiles = (files) => clear(fileSelect, el("option", { value: "", text: files.length ? "pick a file…" : listing.runs_dir ? `no .jsonl under ${listing.runs_dir}` : "no runs directory: upload a file" }),
@@ -60,12 +61,14 @@ export async function mount(main, args) {
     state.shown = wanted;
     drawFacets(page.facets);
     count.textContent = `${fmt(page.matching)} of ${fmt(page.total)} trajectories`;
+    notice.textContent = (page.index && page.index.truncated) || "";
     const body = el("tbody", {}, page.rows.map((r) => el("tr.row-link", {
       tabindex: "0", dataset: { line: String(r.line) }, "aria-current": r.line === state.line ? "true" : null,
       on: { click: () => open(r.line), keydown: (e) => { if (e.key === "Enter") open(r.line); } },
-    }, el("td.num", { text: r.line }), el("td", { text: (r.id || "").slice(0, 14), title: r.id || "" }), el("td", { text: r.data_source }),
+    }, el("td.num", { text: r.line }), el("td", { text: String(r.id ?? "").slice(0, 14), title: String(r.id ?? "") }), el("td", { text: r.data_source }),
       el("td.num", { text: fmt(r.index) }), el("td.num", { text: fmt(r.sample) }), el("td.num", { text: fmt(r.reward) }),
-      el("td", { text: r.stop_reason, class: r.error ? "error" : "" }), el("td.num", { text: fmt(r.num_turns) }), el("td.num", { text: fmt(r.tool_calls) }),
+      el("td", { class: r.error ? "error" : "", title: r.error || "" }, r.stop_reason,
+        r.malformed ? [" ", el("span.badge.bad", { text: "malformed", title: r.error || "", dataset: { malformed: "" } })] : null), el("td.num", { text: fmt(r.num_turns) }), el("td.num", { text: fmt(r.tool_calls) }),
       el("td.num", { text: fmt(r.tool_errors), class: r.tool_errors ? "error" : "" }), el("td.num", { text: `${fmt(r.tokens)} (${fmt(r.model_tokens)})` }))));
     arrowKeys(body, "tr");
     clear(table, el("table", {}, el("thead", {}, el("tr", {}, COLUMNS.map((c) => el("th", { text: c })))), body));

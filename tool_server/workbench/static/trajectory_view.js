@@ -101,7 +101,9 @@ export function trajectoryView(answer) {
   const cards = [["reward", fmt(r.reward)], ["stop reason", r.stop_reason], ["turns", fmt(r.num_turns)], ["tool calls", fmt(metrics.calls)], ["tool errors", fmt(metrics.tool_errors)],
     ["tokens model / obs", `${fmt(model)} / ${fmt(mask.length - model)}`], ["tool time s", fmt(metrics.tool_s)], ["generate s", fmt(metrics.generate_s)]];
   if (calls.length) cards.push(["cache hits", `${calls.filter((c) => c.cached).length} / ${calls.length}`]);
+  const problems = answer.problems || []; // fields of the wrong type: the server left them out
   return el("div.panel", { dataset: { line: String(answer.line) } },
+    problems.length ? el("p.error", { dataset: { problems: "" }, text: `malformed record: ${problems.join("; ")} (left out below)` }) : null,
     el("div.cards", {}, cards.map(([label, value]) => el("div.card", {}, el("div.value", { text: value }), el("div.label", { text: label })))),
     el("p", {}, el("b", { text: "id " }), r.id || "–", el("b", { text: " · data source " }), r.data_source || "–", el("b", { text: " · prompt " }), fmt(r.index), el("b", { text: " · sample " }), fmt(r.sample)),
     el("p", {}, el("b", { text: "final answer " }), JSON.stringify(r.final_answer), el("b", { text: " · ground truth " }), JSON.stringify(r.ground_truth)),

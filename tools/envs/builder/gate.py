@@ -1,7 +1,9 @@
 """The deterministic gate: what a generated world must pass before it becomes a pack.
 
-Tools: every input schema is a valid JSON schema; the assembled source parses (``ast``,
-in process) and loads with every tool defined (in the sandbox).
+Tools: every input schema is a valid JSON schema whose patterns RE2 can run (the server
+checks arguments with a linear-time engine, ``tools.patterns``, and would not serve it);
+the assembled source parses (``ast``, in process) and loads with every tool defined (in
+the sandbox).
 
 Tasks, each replayed in a fresh world, in the sandbox:
 
@@ -39,6 +41,7 @@ from protocol import ToolError
 from tools.envs.builder.llm import StageLog
 from tools.envs.builder.sandboxed import SandboxExecutor
 from tools.envs.pack import Complexity, EnvTask, Pack, call_depths
+from tools.patterns import UnsafePattern, check_patterns, linear_validator
 
 __all__ = ["PROBES", "GateResult", "ProbePool", "leak_probes", "mentions", "run_gate"]
 
@@ -103,8 +106,12 @@ def check_tools(pack: Pack, source: str, executor: SandboxExecutor, result: Gate
     for tool in pack.tools:
         try:
             jsonschema.Draft202012Validator.check_schema(tool.input_schema)
+            check_patterns(tool.input_schema)
         except jsonschema.SchemaError as exc:
             _reject_tool(result, tool.name, f"input schema invalid: {exc.message}")
+            continue
+        except UnsafePattern as exc:
+            _reject_tool(result, tool.name, f"input schema: {exc}")
             continue
         if tool.name not in loaded:
             _reject_tool(result, tool.name, problem or "its function is not defined")
@@ -191,7 +198,7 @@ class ProbePool:
 
 def leak_probes(schema: dict[str, Any], arguments: dict[str, Any], pool: ProbePool) -> list[dict[str, Any]]:
     """Up to PROBES other valid inputs: one argument replaced by a pool value of its type the schema accepts."""
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = linear_validator(schema)  # the model wrote the schema: its patterns run in linear time
     per_argument = {
         name: [
             {**arguments, name: other}

