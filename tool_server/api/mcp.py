@@ -441,7 +441,8 @@ class McpEndpoint:
                 return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
         mcp_session = False  # the world is the MCP session's (Mcp-Session-Id)
         if session is None and params.name in visible:
-            session, expected, mcp_session = self._implicit_session(ctx, params.name)
+            session, issuer, mcp_session = self._implicit_session(ctx, params.name)
+            expected = issuer or expected  # an MCP session's id names its process
         call = Call(call_id or self._new_call_id(), params.name, params.arguments or {}, session)
         if params.name not in visible:  # hint only at what this endpoint serves (none in a session)
             message = unknown_tool_message(params.name, visible, in_session=session is not None)
@@ -453,10 +454,10 @@ class McpEndpoint:
             result = Result.failure(call.call_id, *refused)
         else:
             result = await self.executor.run_one(call, caller)
-        if mcp_session and result.error is not None and result.error.kind == ErrorKind.UNKNOWN_SESSION:
-            # The generic text asks for a new session id, which such a client cannot choose.
-            message = _MCP_SESSION_GONE.format(ttl=self.executor.sessions.ttl_s)
-            result = Result.failure(result.call_id, ErrorKind.UNKNOWN_SESSION, message, result.elapsed_ms)
+            if mcp_session and result.error is not None and result.error.kind == ErrorKind.UNKNOWN_SESSION:
+                # The generic text asks for a new session id, which such a client cannot choose.
+                message = _MCP_SESSION_GONE.format(ttl=self.executor.sessions.ttl_s)
+                result = Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, message, result.elapsed_ms)
         instance = self.executor.sessions.instance if session else None
         return _to_call_tool_result(result, instance, session)
 
@@ -464,8 +465,8 @@ class McpEndpoint:
         """The world of a call that names no session in ``_meta``: the URL's session, else the
         MCP session's, for a tool that keeps state per session (``keeps_session_state``).
 
-        Returns the session id, the instance it must live on (None: any), and whether it is
-        the MCP session's.
+        Returns the session id, the process (instance) that issued it, for an MCP session's,
+        and whether it is the MCP session's.
         """
         request = getattr(ctx, "request", None)
         entry = self.registry.entries.get(name)

@@ -179,6 +179,7 @@ def test_an_mcp_session_id_the_server_did_not_issue_here_gets_no_empty_world(srv
     assert issued.split("-")[1] != "0123456789abcdef"
     lost = tool_result(rpc(url, "tools/call", {"name": "notebook", "arguments": {}}, mcp_session=elsewhere))
     assert error_kind(lost) == "unknown_session"
+    assert "opened on instance 0123456789abcdef" in lost["content"][0]["text"]
     assert "Reconnect" in lost["content"][0]["text"]
     echoed = tool_result(rpc(url, "tools/call", {"name": "echo", "arguments": {}}, mcp_session=elsewhere))
     assert error_kind(echoed) is None  # stateless calls go on, on any replica
@@ -188,7 +189,8 @@ def test_an_mcp_session_id_the_server_did_not_issue_here_gets_no_empty_world(srv
     deleted = httpx.delete(url, headers={"Mcp-Session-Id": issued}, timeout=30)
     assert deleted.status_code == 200 and deleted.json() == {"session": issued, "released": True}
     late = tool_result(rpc(url, "tools/call", {"name": "notebook", "arguments": {}}, mcp_session=issued))
-    assert error_kind(late) == "unknown_session" and "Reconnect" in late["content"][0]["text"]
+    assert error_kind(late) == "unknown_session" and "released or expired" in late["content"][0]["text"]
+    assert "Reconnect" in late["content"][0]["text"]
     # No server-initiated stream on a stateless endpoint: 405, as the spec allows.
     stream = httpx.get(url, headers={"Accept": "text/event-stream", "Mcp-Session-Id": issued}, timeout=30)
     assert stream.status_code == 405

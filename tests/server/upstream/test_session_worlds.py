@@ -127,11 +127,32 @@ def test_each_session_of_a_file_backed_tau2_server_has_its_own_world(server: Any
     held = [d for d in private_dirs(tmp, "retail") if d != catalog]
     assert len(held) == 2 and all(list((d / "state").glob("*.json")) for d in held), held
 
-    # Released: the process ends and its directory (the 2.8 MB world file with it) is removed.
+    # Released: the process ends and its directory (the world file with it) is removed.
     release(server.url, a)
     wait_for(lambda: len(private_dirs(tmp, "retail")) == 2)
     release(server.url, b)
     wait_for(lambda: private_dirs(tmp, "retail") == [catalog])
+
+
+async def test_a_desktop_client_without_meta_plays_in_its_own_tau2_world(server: Any, tmp: Path) -> None:
+    """Issue 27's two points together: an MCP client that sets no ``_meta`` (its MCP session
+    is its world) reaching a per_session upstream whose world is a file."""
+    from mcp import Client
+
+    (catalog,) = private_dirs(tmp, "retail")
+    arguments = {"order_id": ORDER, "reason": "no longer needed"}
+    async with (
+        Client(server.url + "/mcp", mode="legacy") as one,
+        Client(server.url + "/mcp", mode="legacy") as two,
+    ):
+        done = await one.call_tool("retail__cancel_pending_order", arguments)
+        assert not done.is_error, done.content
+        mine = await one.call_tool("retail__get_order_details", {"order_id": ORDER})
+        theirs = await two.call_tool("retail__get_order_details", {"order_id": ORDER})
+        assert mine.structured_content["parsed_content"]["status"] == "cancelled"
+        assert theirs.structured_content["parsed_content"]["status"] == "pending"
+        assert len(private_dirs(tmp, "retail")) == 3
+    wait_for(lambda: private_dirs(tmp, "retail") == [catalog])  # closing released both worlds
 
 
 def test_the_control_one_state_directory_is_one_world(server: Any) -> None:
