@@ -120,7 +120,7 @@ def test_the_runner_reports_failures_and_stops_what_a_page_started(tmp_path: Pat
     runs = list(run_page(page, work))
     assert [run.failure() is None for run in runs] == [True, True, False, False]
     assert "exited 1" in (runs[2].failure() or "") and "not reached" not in runs[2].output
-    assert "printed no '4'" in (runs[3].failure() or "")
+    assert "printed nothing that matches '4'" in (runs[3].failure() or "")
     sleeper = int((work / "sleeper.pid").read_text())
     state = subprocess.run(["ps", "-o", "stat=", "-p", str(sleeper)], capture_output=True, text=True)
     assert state.stdout.strip() in ("", "Z"), "the page's background job outlived the page"

@@ -3,26 +3,27 @@
 Two HTML comments (invisible on GitHub) mark blocks, on the line right before the fence:
 
 * ``<!-- runnable -->``: the block runs as written. ``bash``/``sh``/``shell`` blocks run with
-  ``bash -e -o pipefail``, ``python`` blocks with the venv's python, ``yaml`` blocks are a
-  config that ``tool-server check-config`` must accept. Options after a colon, e.g.
+  ``bash -e -o pipefail``, ``python`` blocks with the venv's python (from stdin, as pasted),
+  ``yaml`` blocks are a config that ``tool-server check-config`` must accept (with the page's
+  folder on ``PYTHONPATH``, for the page's own tool modules). Options after a colon, e.g.
   ``<!-- runnable: server expect="3371" -->``:
 
   - ``server``: a tool server with the built-in config answers at the docs' address
     (``127.0.0.1:8000`` / ``localhost:8000``), the one ``tool-server serve`` gives;
-  - ``expect="TEXT"``: the block's output must contain TEXT (``curl -s`` exits 0 on an error
-    answer, a script that prints a wrong value too).
+  - ``expect="REGEX"``: the output (stdout and stderr) must match REGEX (``^`` and ``$`` match
+    at lines): ``curl -s`` exits 0 on an error answer, a script that prints a wrong value too.
 
 * ``<!-- file: NAME -->``: the block is the file NAME, for formats without comments (JSON).
   Blocks in other formats name their file in their first line, ``# file: NAME``.
 
 The blocks of one page run in page order, in one scratch directory that looks like the
-repository's root (a symlink to each top-level entry), as a reader follows the page: files
-named by file blocks are written there when the page reaches them, and what a block leaves
-(data, runs, a ``tool-server serve &``) is there for the next. The venv's ``bin`` comes first
-on ``PATH`` (what ``source .venv/bin/activate`` does). The docs' port 8000 is replaced by a
-free one (in the block's text and ``TOOLFACTORY__SERVER__PORT``), so runs never clash with a
-server on 8000 or with each other. Background processes a page starts are stopped when the
-page ends.
+repository's root (a symlink to each top-level entry of a clone, and the venvs), as a reader
+follows the page: files named by file blocks are written there when the page reaches them,
+and what a block leaves (data, runs, a ``tool-server serve &``) is there for the next. The
+venv's ``bin`` comes first on ``PATH`` (what ``source .venv/bin/activate`` does). The docs'
+port 8000 is replaced by a free one (in the block's text and ``TOOLFACTORY__SERVER__PORT``),
+so runs never clash with a server on 8000 or with each other. Background processes a page
+starts are stopped when the page ends.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,9 +137,9 @@ def _block(doc: Path, line: int, lang: str, body: str, marker: re.Match[str] | N
     return Block(doc, line, lang, body, name, runnable, content)
 
 
-def files_in(text_or_doc: Path) -> dict[str, str]:
+def files_in(doc: Path) -> dict[str, str]:
     """The files a page shows, by name: what a reader writes to follow it."""
-    return {b.file: b.content for b in blocks(text_or_doc) if b.file is not None}
+    return {b.file: b.content for b in blocks(doc) if b.file is not None}
 
 
 def free_port() -> int:
@@ -164,8 +165,8 @@ class BlockRun:
         expect = (self.block.runnable or {}).get("expect")
         if self.returncode != 0:
             why = f"exited {self.returncode}"
-        elif expect and expect not in self.output:
-            why = f"printed no {expect!r}"
+        elif expect and re.search(expect, self.output, re.MULTILINE) is None:
+            why = f"printed nothing that matches {expect!r}"
         else:
             return None
         return f"{self.block.where}: the {self.block.lang} block {why}.\n--- block\n{self.block.body}--- output\n{self.output}"
@@ -181,9 +182,11 @@ class PageRunner:
         self.url = f"http://127.0.0.1:{self.port}"
         self._groups: list[int] = []  # process groups of the blocks: background jobs live on
         self._server = contextlib.ExitStack()  # the runner's own server, for `server` blocks
-        for entry in REPO.iterdir():
-            if entry.name != ".git" and not (workdir / entry.name).exists():
-                (workdir / entry.name).symlink_to(entry)
+        for name in _repository_entries():
+            if not (workdir / name).exists():
+                (workdir / name).symlink_to(REPO / name)
+        self.scratch = workdir / ".docs-blocks"  # the runner's own files: scripts and logs
+        self.scratch.mkdir(exist_ok=True)
         venv_bin = REPO / ".venv" / "bin"
         self.env = {
             **os.environ,
@@ -199,8 +202,7 @@ class PageRunner:
 
     def __exit__(self, *exc: object) -> None:
         for group in self._groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGTERM)
+            _stop_group(group)
         self._server.close()
 
     def write(self, block: Block) -> None:
@@ -218,24 +220,25 @@ class PageRunner:
         else:  # a block without `server` gets none of ours: the page may start its own on the port
             self._server.close()
         text = re.sub(rf"\b(127\.0\.0\.1|localhost):{DOCS_PORT}\b", f"127.0.0.1:{self.port}", block.body)
-        script = self.workdir / f".block-{block.line}.{'py' if block.lang == 'python' else 'txt'}"
+        script = self.scratch / f"block-{block.line}.{'py' if block.lang == 'python' else 'sh'}"
         script.write_text(text)
         kind = RUNNERS[block.lang]
         if kind == "bash":
             cmd = ["bash", "-e", "-o", "pipefail", str(script)]
         elif kind == "python":
-            cmd = [sys.executable, str(script)]
+            cmd = ["python", "-"]  # from stdin, as pasted: the page's folder comes first on sys.path
         else:
-            config = self.workdir / (block.file or f".block-{block.line}.yaml")
+            config = self.workdir / block.file if block.file else self.scratch / f"block-{block.line}.yaml"
             config.write_text(text)
             cmd = ["tool-server", "check-config", "--config", str(config)]
-        log = self.workdir / f".block-{block.line}.log"
-        with open(log, "w") as out:  # a file, not a pipe: a background job would hold a pipe open
+        log = self.scratch / f"block-{block.line}.log"
+        # Output to a file, not a pipe: a background job would hold a pipe open.
+        with open(log, "w") as out, open(script if kind == "python" else os.devnull) as stdin:
             proc = subprocess.Popen(
                 cmd,
                 cwd=self.workdir,
                 env={**self.env, "PYTHONPATH": str(self.workdir)} if kind == "yaml" else self.env,
-                stdin=subprocess.DEVNULL,
+                stdin=stdin,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -256,6 +259,28 @@ class PageRunner:
         self._server.enter_context(
             started(cmd, probe=lambda: answers(self.url), timeout_s=180, cwd=self.workdir, env=self.env)
         )
+
+
+def _stop_group(group: int, grace_s: float = 30.0) -> None:
+    """SIGTERM a block's process group (what it left in the background), SIGKILL what stays."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            os.killpg(group, 0)  # raises ProcessLookupError once the group is gone
+            time.sleep(0.1)
+        os.killpg(group, signal.SIGKILL)
+
+
+def _repository_entries() -> set[str]:
+    """The top-level names a clone has (tracked files), and the venvs `make` makes: not the
+    ignored `data/` or `runs/` of this checkout, which a page's blocks would write into."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    return {path.split("/")[0] for path in tracked} | {
+        name for name in (".venv", ".venv-vllm") if (REPO / name).exists()
+    }
 
 
 def run_page(doc: Path, workdir: Path) -> Iterator[BlockRun]:
