@@ -15,6 +15,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 import weakref
 from typing import Protocol
 
@@ -66,7 +67,7 @@ class HostDirs:
     def _remove_root(self) -> None:
         root, self._root, self._count = self._root, None, 0
         if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+            _remove_tree(root)
 
     @property
     def root(self) -> str | None:
@@ -78,6 +79,17 @@ class HostDirs:
 
 
 HOSTDIRS = HostDirs()
+
+
+def _remove_tree(path: str, tries: int = 100) -> None:
+    """``rmtree``, retried for up to ~5 s: the last processes of a worker just killed (the
+    kernel ends what is left in its PID namespace after the worker itself) may still be
+    writing there, and one pass then leaves a directory behind."""
+    for _ in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.05)
 
 
 @atexit.register
