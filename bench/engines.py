@@ -1,6 +1,6 @@
 """Rollouts of the demo tasks with each generation engine, side by side in one run.
 
-    python bench/engines.py [--limit 6] [--n 2] [--engines hf1,hf2,vllm] [--compile]
+    python bench/engines.py [--limit 6] [--n 2] [--engines vllm,hf1,hf2] [--compile]
 
 The same workload as ``python -m trainer_client.demo`` (search QA, arithmetic and the bank
 environment, SmolLM2-135M-Instruct, temperature 0.7, 96 tokens a turn, 3 turns) through one
@@ -95,7 +95,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limit", type=int, default=6, help="prompts per task (default 6)")
     parser.add_argument("--n", type=int, default=2, help="samples per prompt (default 2)")
-    parser.add_argument("--engines", default="hf1,hf2,vllm", help=f"comma-separated, of {', '.join(ENGINES)}")
+    parser.add_argument(
+        "--engines",
+        default="vllm,hf1,hf2",
+        help=f"comma-separated, run in this order, of {', '.join(ENGINES)}",
+    )
     parser.add_argument("--compile", action="store_true", help="vLLM with torch.compile (minutes to start)")
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -117,6 +121,7 @@ def main() -> int:
                     **run_engine(engine, args, url, work / "data", work / engine),
                     "load_start": started,
                 }
+                print(f"[{engine}] {rows[engine]}", file=sys.stderr, flush=True)
                 print(f"[{engine}] done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 
     base = rows.get("hf1")
