@@ -30,8 +30,6 @@ from tool_server.upstream.tools import schema_validator
 from tools.envs.pack import EnvTask, Pack
 from tools.envs.tau2.domain import load_domain
 
-# Kinds whose outcome is a named, documented difference rather than expected to agree.
-NAMED = frozenset()
 UNKNOWN_ID = "#W0000000"
 CLOSING = "Is there anything else I can help you with?"  # a last word that tells no fact
 MAX_ERRORS = 10  # τ²'s orchestrator default (tau2.config.DEFAULT_MAX_ERRORS)

@@ -27,6 +27,8 @@ from tools.envs.world import World
 from tools.verifiers.tool_use.reward import score
 
 Action = tuple[str, dict[str, Any]]
+# the gold_hashes fixture loads τ²'s own DB once per task (~0.5 s for airline on a quiet machine)
+pytestmark = pytest.mark.timeout(1200)
 # the "tables" domains; telecom (its phone, solo mode) has tests/envs/tau2/test_telecom.py
 DOMAINS = ("retail", "airline", "mock")
 
