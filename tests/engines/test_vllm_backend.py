@@ -154,14 +154,18 @@ def test_concurrent_requests_each_get_their_own_seeded_sample(
 ) -> None:
     prompts = [chat_ids(smol_tokenizer, q) for q in ("Tell me a fact.", "Write a haiku.", "Say hi.")]
     params = [{"temperature": 1.0, "max_tokens": 24, "seed": seed, "logprobs": True} for seed in (1, 2)]
-    jobs = [(p, s) for p in prompts for s in params] * 2  # every (prompt, seed) twice, all at once
+    jobs = [(p, s) for p in prompts for s in params] * 2  # 12 requests at once
     gen = VLLMGenerator(vllm_server.url, max_concurrency=6)
     outs = asyncio.run(generate_all(gen, [p for p, _ in jobs], [s for _, s in jobs]))
     assert gen.requests == len(jobs) == 12
-    half = len(jobs) // 2
-    for a, b in zip(outs[:half], outs[half:], strict=True):
-        assert a.token_ids == b.token_ids and a.token_ids  # same prompt and seed: the same sample
-    assert len({tuple(o.token_ids) for o in outs[:half]}) > 3  # other prompts or seeds: other samples
+    for out in outs:
+        assert out.token_ids and out.log_probs is not None and len(out.log_probs) == len(out.token_ids)
+    assert len({tuple(o.token_ids) for o in outs}) > 3  # other prompts or seeds: other samples
+    # A seed makes a request reproducible where its batch is the same (here: alone). Not across
+    # concurrent batches: bfloat16 logits differ slightly with the batch's composition, and a
+    # near-tie may then sample another token (seen here once in a few runs).
+    alone = [one(VLLMGenerator(vllm_server.url), prompts[0], params[0]) for _ in range(2)]
+    assert alone[0].token_ids == alone[1].token_ids
 
 
 def test_the_budget_is_cut_to_the_servers_context_window(

@@ -123,13 +123,23 @@ def server_env(settings: VLLMServerSettings, base: dict[str, str] | None = None)
     return env
 
 
+def _libc_prctl() -> object | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here: no dlopen between fork and exec
+    except (OSError, AttributeError):
+        return None  # not Linux: no parent-death signal
+
+
+_PRCTL = _libc_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the process that started it dies (Linux), so a
     crashed or killed trainer never leaves a multi-GB server behind. (The signal follows the
     *thread* that forked: start servers from a long-lived thread, as all callers here do.)"""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)  # type: ignore[operator]
 
 
 _LIVE: set[LocalVLLMServer] = set()
@@ -199,7 +209,7 @@ def local_vllm_server(
         text=True,
         env=server_env(settings),
         start_new_session=True,  # its own process group: stop() reaches the engine core too
-        preexec_fn=_die_with_parent,
+        preexec_fn=_die_with_parent if _PRCTL is not None else None,
     )
     server = LocalVLLMServer(proc, url, settings.served_model_name)
     _LIVE.add(server)
