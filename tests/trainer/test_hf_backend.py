@@ -211,3 +211,15 @@ def test_concurrent_first_use_converts_once(tmp_path: Any, monkeypatch: pytest.M
         t.join()
     assert conversions == [str(tmp_path / "models" / "smollm2-135m-instruct")]
     assert paths == [tmp_path / "models" / "smollm2-135m-instruct"] * 3
+
+
+def test_an_empty_budget_ends_the_turn_for_length(smol: tuple[Any, Any]) -> None:
+    """No token to generate: no tokens, stop reason ``length`` (it once landed in ``routed_experts``)."""
+    tok, model = smol
+    prompt = _prompt(tok, "What is 2 + 2?")
+    (out,) = asyncio.run(
+        _generate_all(HFGenerator(model, tok), [prompt], {"max_tokens": 0, "logprobs": True})
+    )
+    assert out.token_ids == [] and out.log_probs == []
+    assert out.stop_reason == "length" and out.routed_experts is None
+    assert out.extra_fields["finish_reason"] == "length"

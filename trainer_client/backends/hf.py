@@ -134,7 +134,7 @@ class HFGenerator:
             return TokenOutput(
                 [],
                 [] if request.want_logprobs else None,
-                STOP_LENGTH,
+                stop_reason=STOP_LENGTH,
                 extra_fields={"finish_reason": FINISH_LENGTH},
             )
         self._ensure_worker()
