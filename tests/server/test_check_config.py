@@ -142,3 +142,27 @@ def test_tools_with_toolset_star_lists_what_the_server_lists(tmp_path: Path) -> 
     unknown = cli_names("no-such-set")
     assert unknown.returncode == 2
     assert "no toolset named 'no-such-set'; known toolsets: default, math, test, '*'" in unknown.stderr
+
+
+def test_tools_piped_into_a_reader_that_leaves_prints_no_traceback(tmp_path: Path) -> None:
+    """`tool-server tools | head -1`: the reader has gone when the list is written (here it
+    closed its end before the command started, so every write meets a broken pipe); the
+    command ends without a BrokenPipeError traceback on stderr."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(server_config()))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tool_server.cli", "tools", "--config", str(path), "--toolset", "*"],
+            cwd=REPO,
+            env=environment(tmp_path),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
