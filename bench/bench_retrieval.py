@@ -12,9 +12,12 @@ Measured, side by side in one run:
 * build (``python -m tools.search.index build``, a child process): wall time, peak RSS;
   size on disk by part;
 * in process, on the same memory-mapped arrays and the same tokenised queries: our scorer
-  (tools/search/topk.py, one query at a time) and ``bm25s.BM25.retrieve`` (numpy
-  backend), single queries and batches, and our CPU time per query (less sensitive to a
-  busy machine than q/s); agreement of the top k;
+  (tools/search/topk.py: one query at a time, a batch on every core) and
+  ``bm25s.BM25.retrieve`` (numpy backend), single queries and batches, and our CPU time per
+  query (less sensitive to a busy machine than q/s); agreement of the top k;
+* with ``--ref REF``: the scorer of another commit (its tools/search/topk.py, or a file of
+  that name) on the same arrays and queries, rounds alternating with ours: q/s one query at
+  a time and in batches of 1,024, CPU a query, and whether every hit and score is the same;
 * a real ``tool-server`` with ``args: {index: DIR}``: RSS/PSS/USS after start and after
   serving, q/s through ``POST /retrieve`` (Search-R1's API) one query per request and 64;
 * Pyserini (Lucene, what Search-R1 uses) on the same passages and queries, when
@@ -22,6 +25,7 @@ Measured, side by side in one run:
 
     .venv/bin/python bench/bench_retrieval.py --passages 1000000 --workdir /tmp/retrieval
     .venv/bin/python bench/bench_retrieval.py --passages 1000000 --workdir /tmp/retrieval --quick
+    .venv/bin/python bench/bench_retrieval.py --passages 1000000 --workdir /tmp/retrieval --quick --ref HEAD
 
 ``--quick`` (about a minute at 1M) needs the corpus and index of an earlier run in the
 workdir, and gives bm25s fewer queries.
@@ -30,6 +34,7 @@ workdir, and gives bm25s fewer queries.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -51,8 +56,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.bench_search import fanout_questions  # noqa: E402
-from tests.support.server import running_server, server_config  # noqa: E402
 from tools.search.corpus import builtin_source  # noqa: E402
+from tools.search.index import TERM_MAX  # noqa: E402
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -121,7 +126,7 @@ def rate(fn, items: list, batch: int) -> float:  # type: ignore[no-untyped-def]
     return len(items) / (time.perf_counter() - start)
 
 
-def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int) -> None:
+def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int, ref: str | None) -> None:
     import bm25s
 
     from tools.search.bm25 import open_saved_index
@@ -145,11 +150,14 @@ def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int) ->
         b = rate(bm25s_retrieve, safe[: max(len(share) // bm25s_share, 1)], batch)
         print(f"{f'batch of {batch}':<16}{a:>8.0f}{b:>8.0f}{a / b:>11.1f}x")
     ids = [ours.token_ids(q) for q in queries]
-    cpu = time.process_time()
-    for tokens in ids:
-        ours._search_one(tokens, k)
-    cpu = (time.process_time() - cpu) / len(ids)
-    print(f"ours, one thread: {cpu * 1e3:.2f} ms CPU a query ({1 / cpu:.0f} q/s a core when it has the core)")
+    for workers in (1, None):
+        wall, cpu = time.perf_counter(), time.process_time()
+        ours._one.top_k_many(ids, k, workers)
+        wall, cpu = time.perf_counter() - wall, (time.process_time() - cpu) / len(ids)
+        print(
+            f"ours, {'one thread' if workers else f'a thread per core ({len(os.sched_getaffinity(0))})'}: "
+            f"{cpu * 1e3:.2f} ms CPU a query, {len(ids) / wall:.0f} q/s"
+        )
     threaded = rate(lambda ts: bm25s_retrieve(ts, threads=2), safe[: max(2048 // bm25s_share, 2)], 256)
     print(f"bm25s with n_threads=2, batch of 256: {threaded:.0f} q/s")
     # agreement: bm25s sums in float32 and breaks ties arbitrarily, we sum in float64 and
@@ -163,9 +171,79 @@ def in_process(index_dir: Path, queries: list[str], k: int, bm25s_share: int) ->
     print(
         f"this process's RSS after all of the above: {rss / 2**30:.2f} GB (both scorers mapped the same files)"
     )
+    if ref:
+        side_by_side(ours, index_dir, ids, k, ref)
+
+
+def reference_scorer(ref: str):  # type: ignore[no-untyped-def]
+    """The module tools/search/topk.py of a commit (or a file given by path), imported under another name."""
+    path = Path(ref)
+    if not path.is_file():
+        source = subprocess.run(
+            ["git", "show", f"{ref}:tools/search/topk.py"], cwd=REPO, capture_output=True, check=False
+        )
+        if source.returncode:
+            sys.exit(
+                f"--ref {ref}: neither a file nor a commit with tools/search/topk.py: {source.stderr.decode()}"
+            )
+        path = Path(tempfile.mkdtemp()) / "topk_ref.py"
+        path.write_bytes(source.stdout)
+    spec = importlib.util.spec_from_file_location("topk_ref", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def side_by_side(ours, index_dir: Path, ids: list[np.ndarray], k: int, ref: str) -> None:  # type: ignore[no-untyped-def]
+    """REF's scorer and ours on the same memory-mapped arrays, alternating, in this process."""
+    old = reference_scorer(ref).PostingScorer(
+        ours._indptr, ours._indices, ours._data, np.load(index_dir / TERM_MAX), ours.num_docs
+    )
+
+    def batch(scorer, queries: list[np.ndarray]) -> list:  # type: ignore[no-untyped-def]
+        if hasattr(scorer, "top_k_many"):
+            return scorer.top_k_many(queries, k)
+        return [scorer.top_k(tokens, k) for tokens in queries]  # what BM25Index.search did
+
+    def measure(scorer) -> tuple[float, float, float]:  # type: ignore[no-untyped-def]
+        """q/s one query at a time (300 queries), q/s and CPU ms a query in batches of 1,024."""
+        start = time.perf_counter()
+        for tokens in ids[:300]:
+            batch(scorer, [tokens])
+        single = 300 / (time.perf_counter() - start)
+        start, cpu = time.perf_counter(), time.process_time()
+        for i in range(0, len(ids), 1024):
+            batch(scorer, ids[i : i + 1024])
+        batched = len(ids) / (time.perf_counter() - start)
+        return single, batched, (time.process_time() - cpu) / len(ids) * 1e3
+
+    print(f"\nside by side with --ref {ref} (its topk.py on the same arrays), {len(ids)} queries, topk {k}, "
+          f"{len(os.sched_getaffinity(0))} cores")  # fmt: skip
+    print(f"{'round':<7}{'':<6}{'1 query q/s':>13}{'1,024 q/s':>11}{'CPU ms/q':>10}{'load':>6}")
+    ratios = []
+    for round_ in range(1, 4):
+        pair = []
+        for name, scorer in (("ref", old), ("ours", ours._one)):
+            single, batched, cpu = measure(scorer)
+            pair.append(batched)
+            print(
+                f"{round_:<7}{name:<6}{single:>13.0f}{batched:>11.0f}{cpu:>10.2f}{os.getloadavg()[0]:>6.1f}"
+            )
+        ratios.append(pair[1] / pair[0])
+    print(f"batched ours / ref: {', '.join(f'{r:.2f}x' for r in ratios)}")
+    same = total = 0
+    for depth in (1, 3, 10, 100):
+        sample = ids[:500]
+        mine = ours._one.top_k_many(sample, depth)
+        same += sum(a == b for a, b in zip(mine, [old.top_k(t, depth) for t in sample], strict=True))
+        total += len(sample)
+    print(f"same hits and scores, bit for bit, as --ref {ref}: {same}/{total} (k = 1, 3, 10, 100)")
 
 
 def served(index_dir: Path, queries: list[str], k: int) -> None:
+    from tests.support.server import running_server, server_config
+
     config = server_config(
         tools=[{"target": "tools.search:SearchTool", "args": {"index": str(index_dir)}}],
         retrieve={"tool": "search", "default_topk": k},
@@ -219,6 +297,10 @@ def main() -> None:
     parser.add_argument("--pyserini-python", help="an interpreter with pyserini installed (and Java)")
     parser.add_argument("--skip-server", action="store_true")
     parser.add_argument(
+        "--ref",
+        help="compare with the scorer of this commit (or a topk.py file), side by side in one process",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="reuse the corpus and index in the workdir; bm25s gets 1/32 of the queries",
@@ -249,7 +331,7 @@ def main() -> None:
     questions = fanout_questions()
     queries = (questions * (args.queries // max(len(questions), 1) + 1))[: args.queries]
     print(f"load average at the start: {os.getloadavg()[0]:.1f}")
-    in_process(index, queries, args.topk, 32 if args.quick else 8)
+    in_process(index, queries, args.topk, 32 if args.quick else 8, args.ref)
     if not args.skip_server:
         served(index, queries, args.topk)
     if args.pyserini_python:

@@ -52,7 +52,7 @@ class Hit:
 
 class BM25Index:
     """A bm25s index plus two exact scorers: small corpora in vectorised batches, large ones
-    one query at a time (tools/search/topk.py); both give the same hits."""
+    one query at a time, a batch on every core (tools/search/topk.py); both give the same hits."""
 
     def __init__(self, retriever: bm25s.BM25, tokenizer: Tokenizer, maxima: np.ndarray | None = None) -> None:
         if retriever.nonoccurrence_array is not None:
@@ -105,10 +105,11 @@ class BM25Index:
         """Top ``k`` documents with a positive score for each query, best first (ties: corpus order)."""
         ids = [self.token_ids(q) for q in queries]
         if self.num_docs >= _LARGE:
-            # one query at a time (a queries x documents block no longer fits any cache), in
-            # this thread: numpy.add.at, most of a query's cost, holds the GIL, and a pool of
-            # threads measured slower than one (bench/README.md, retrieval at 1M passages)
-            return [self._search_one(t, k) for t in ids]
+            # one query at a time (a queries x documents block no longer fits any cache), a
+            # batch shared out over a thread per core, scoring without holding the GIL
+            # (tools/search/topk.py; bench/README.md, retrieval at 1M passages)
+            found = self._one.top_k_many(ids, min(k, self.num_docs))
+            return [[Hit(doc, score) for doc, score in hits] for hits in found]
         # Small chunks keep the dense queries x documents block in the CPU cache, which
         # beats larger vectorised passes (bench/README.md, search).
         chunk = max(1, min(64, 160_000 // max(self.num_docs, 1)))
@@ -116,9 +117,6 @@ class BM25Index:
         for start in range(0, len(ids), chunk):
             hits.extend(self._score(ids[start : start + chunk], k))
         return hits
-
-    def _search_one(self, ids: np.ndarray, k: int) -> list[Hit]:
-        return [Hit(doc, score) for doc, score in self._one.top_k(ids, min(k, self.num_docs))]
 
     def _score(self, ids: list[np.ndarray], k: int) -> list[list[Hit]]:
         n = self.num_docs
