@@ -71,12 +71,12 @@ model-server: setup vllm
 demo: setup
 	$(PY) -m trainer_client.demo
 
-# The real-vLLM tests (tests/engines: one shared vLLM server, ~5 min and ~3.8 GB of memory on a
-# 2-core machine) need .venv-vllm: they run when it exists (`make vllm`, ~5.5 min once) and are
-# skipped, saying so, when it does not; `make test-engines` builds it and makes them required.
-# Not yet part of `make test`: one of them (the trainer's weight push) still fails (docs/engines.md).
-test: setup
-	TOOLFACTORY_REQUIRE_TRAINER=1 $(PY) -m pytest -q  # a missing veRL fails (tests/support/require.py)
+# `make test` builds .venv-vllm too (`make vllm`: ~5.5 min once, ~3.4 GB) and runs the real-vLLM
+# tests (tests/engines: one shared vLLM server, ~5-10 min and ~3.8 GB of memory on a 2-core
+# machine); TOOLFACTORY_REQUIRE_VLLM=1 makes a missing or broken engine a failure, not a skip.
+# `make test-engines` runs only those.
+test: setup vllm
+	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 $(PY) -m pytest -q  # a missing veRL or vLLM fails (tests/support/require.py, tests/engines/conftest.py)
 
 test-engines: setup vllm
 	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/engines
