@@ -15,7 +15,8 @@ The guarantees, in the order a caller meets them:
 * a session lives while it is used: every call, ``POST /v1/sessions`` of its id and
   ``POST /v1/sessions/renew`` (what the trainer client sends for the sessions of live
   trajectories, every third of the TTL) restart its ``ttl_s``; one idle longer is closed, so
-  the sessions of a client that is gone are closed within ``ttl_s`` plus one sweep;
+  the sessions of a client that is gone are closed within ``ttl_s`` plus one sweep. A renewal
+  says which of the caller's ids were closed (gone for good) apart from those not opened yet;
 * at most ``max_sessions`` are open, and one tenant holds at most its share
   (``max_per_tenant``, 3/4 of them by default; all of them on a server without tokens,
   which has one tenant); beyond either, new ones are refused as ``overloaded``, so no
@@ -98,18 +99,27 @@ class SessionStore:
             ErrorKind.UNKNOWN_SESSION,
         )
 
-    def renew(self, tenant: str, session_ids: list[str]) -> list[str]:
-        """Restart the TTL of the tenant's open sessions among ``session_ids``; returns the
-        ids it does not hold (released, expired, never opened, or another tenant's), which
-        stay closed: a renewal never opens a session."""
+    def renew(self, tenant: str, session_ids: list[str]) -> tuple[list[str], list[str]]:
+        """Restart the TTL of the tenant's open sessions among ``session_ids``; a renewal
+        never opens a session.
+
+        Returns ``(unknown, closed)``: the ids the tenant holds no open session of (released,
+        expired, not opened yet, or another tenant's), and among them the ones it held and
+        that were closed (released or expired: gone for good). The rest may still open: a
+        call refused before it opened its session (an unknown tool, invalid arguments) or
+        answered from the cache leaves none, and its trajectory's next call opens it. Another
+        tenant's closed id is only ``unknown``: the answer tells nothing of other tokens.
+        """
         now = time.monotonic()
-        unknown = []
+        unknown, closed = [], []
         for session_id in session_ids:
             if self._owners.get(session_id) == tenant:
                 self._last_used[session_id] = now
-            else:
-                unknown.append(session_id)
-        return unknown
+                continue
+            unknown.append(session_id)
+            if self._closed.get(session_id) == tenant:
+                closed.append(session_id)
+        return unknown, closed
 
     def share(self, tenant: str) -> int:
         # A server without tokens has one tenant: it may fill the whole table.

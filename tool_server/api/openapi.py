@@ -256,7 +256,8 @@ def openapi_spec() -> dict[str, Any]:
                     },
                     "responses": {
                         "200": {
-                            "description": "How many were renewed; the ids the caller holds no open session of",
+                            "description": "How many were renewed; the ids the caller holds no open session of, "
+                            "and among them those it held that were released or expired (closed: gone for good)",
                             "headers": INSTANCE_ANSWER,
                             **_json(
                                 {
@@ -264,9 +265,10 @@ def openapi_spec() -> dict[str, Any]:
                                     "properties": {
                                         "renewed": {"type": "integer"},
                                         "unknown": {"type": "array", "items": {"type": "string"}},
+                                        "closed": {"type": "array", "items": {"type": "string"}},
                                         "ttl_s": {"type": "number"},
                                     },
-                                    "required": ["renewed", "unknown", "ttl_s"],
+                                    "required": ["renewed", "unknown", "closed", "ttl_s"],
                                 }
                             ),
                         },

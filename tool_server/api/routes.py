@@ -283,8 +283,9 @@ class HttpApi:
         What the trainer client sends for the sessions of its live trajectories (every third
         of the ``ttl_s`` answered here), so a trajectory whose policy generates for longer
         than the TTL keeps its world; one whose client is gone stops renewing and expires.
-        The answer lists the ids the caller holds no open session of (released, expired,
-        another token's): they are not opened.
+        The answer lists the ids the caller holds no open session of (released, expired, not
+        opened yet, another token's): they are not opened; ``closed`` names those of them the
+        caller held and that were released or expired (gone for good).
         """
         store = self.executor.sessions
         try:
@@ -302,8 +303,14 @@ class HttpApi:
             return error_response(
                 413, ErrorKind.TOO_LARGE, f"{len(ids)} ids in one renewal; at most {store.max_sessions}"
             )
-        unknown = store.renew(self.caller(request.scope).tenant, ids)
-        return self.answer({"renewed": len(ids) - len(unknown), "unknown": unknown, "ttl_s": store.ttl_s})
+        unknown, closed = store.renew(self.caller(request.scope).tenant, ids)
+        answer = {
+            "renewed": len(ids) - len(unknown),
+            "unknown": unknown,
+            "closed": closed,
+            "ttl_s": store.ttl_s,
+        }
+        return self.answer(answer)
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]

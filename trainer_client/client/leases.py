@@ -6,8 +6,24 @@ trajectory whose next turn takes longer than the TTL to generate must find its i
 and its database as it left them. So the client holds a lease on the session of every live
 trajectory (``ToolClient.lease_session``, called by the rollout core when a trajectory starts;
 ``release_session`` ends it) and renews them all in one ``POST /v1/sessions/renew`` per
-replica every third of the TTL the server answers with. Only sessions a replica has answered
-for are renewed (the others do not exist there yet), and only on that replica.
+replica every third of the TTL the server answers with.
+
+Which sessions, and when:
+
+* every held session a call was routed for, on the replica it went to: also one whose first
+  call is still running (a call longer than the TTL would otherwise see its session closed
+  under it), and one whose calls were all refused before they opened it (an unknown tool,
+  invalid arguments) or answered from the cache: the server has no such session yet and says
+  so (``unknown``), and the lease stays, because the trajectory's next call opens it;
+* a lease ends only when the trajectory releases its session, or when the server says the
+  session was ``closed`` (released, or idle past its TTL: gone for good, never reopened);
+* rounds start every ``ttl_s / 3`` from the start of the previous one, and a round still
+  unanswered when the next is due (a replica that accepts and does not answer) is abandoned:
+  a slow replica never pushes the renewals of the others, or its own next one, back.
+
+So a session is closed under a live trajectory only if no renewal reaches its replica for a
+whole TTL: two rounds in a row lost, or this process's event loop blocked for more than
+``2 * ttl_s / 3`` (generation runs in a thread; see ``backends.hf``).
 
 Cost: one small request per replica per ``ttl_s / 3`` (300 s by default), whatever the
 number of trajectories. A client that is gone renews nothing, and the server closes its
@@ -81,19 +97,33 @@ class SessionLeases:
 
     async def _loop(self) -> None:
         # The first round goes out at once: it learns the TTL, which sets the pace.
+        clock = asyncio.get_running_loop()
         while self._held:
+            started, period = clock.time(), self.period()
             try:
-                await self.renew()
+                # Abandoned when the next round is due: a replica that does not answer must
+                # not delay the next renewal of every session past the TTL.
+                async with asyncio.timeout(period):
+                    await self.renew()
+            except TimeoutError:
+                self._metrics.error("renew_timeout")
+                log.info(
+                    "a round of session renewals had no answer within %.1f s; the next one goes now", period
+                )
             except Exception:  # a bug here must not end the leases of every trajectory
                 log.exception("renewing sessions failed")
-            await asyncio.sleep(self.period())
+            await asyncio.sleep(max(0.0, started + self.period() - clock.time()))
+
+    def _home(self, session: str) -> Replica | None:
+        """The replica a call of the session went to (None: none yet, or that replica is lost)."""
+        return None if self._router.lost(session) is not None else self._router.pinned(session)
 
     async def renew(self) -> None:
-        """One round: every held session that lives on a replica, in one request per replica
+        """One round: every held session a call was routed for, in one request per replica
         (a replica whose TTL is not known yet gets an empty one, to learn it)."""
         by_replica: dict[Replica, list[str]] = {}
         for session in self._held:
-            replica = self._router.landed_on(session)
+            replica = self._home(session)
             if replica is not None:
                 by_replica.setdefault(replica, []).append(session)
         if not self._ttl:
@@ -139,19 +169,26 @@ class SessionLeases:
         ttl = answer.get("ttl_s")
         if isinstance(ttl, int | float) and ttl > 0:
             self._ttl[replica] = float(ttl)
-        self._metrics.sessions_renewed += len(sessions)
-        self._expired(replica, answer.get("unknown") or ())
+        renewed = answer.get("renewed")
+        self._metrics.sessions_renewed += renewed if isinstance(renewed, int) else len(sessions)
+        # Only ``closed`` ends a lease: an id that is merely unknown was not opened yet (its
+        # calls were refused before they opened it, or answered from the cache), and the
+        # trajectory's next call opens it. A server from before ``closed`` ends none.
+        self._closed_on(replica, answer.get("closed") or ())
 
-    def _expired(self, replica: Replica, unknown: Iterable[str]) -> None:
-        """Held sessions the replica no longer has: their calls will fail ``unknown_session``
-        (the server says why); renewing them again would only repeat the question."""
-        for session in unknown:
-            if session in self._held and self._router.landed_on(session) is replica:
+    def _closed_on(self, replica: Replica, closed: Iterable[str]) -> None:
+        """Held sessions the replica closed (released, or idle past its TTL): their calls will
+        fail ``unknown_session`` (the server says why); renewing them again would only repeat
+        the question."""
+        for session in closed:
+            if session in self._held and self._home(session) is replica:
                 self._held.discard(session)
                 self._metrics.leases_expired += 1
                 log.warning(
-                    "session %s is no longer open on %s (released elsewhere, or it expired before a "
-                    "renewal reached it): its trajectory's calls will fail with unknown_session",
+                    "session %s was closed on %s while its trajectory still runs: it was released by "
+                    "another client with this token, or no renewal reached it for its sessions.ttl_s "
+                    "(this process sends one every ttl_s/3: was its event loop blocked, or the replica "
+                    "unreachable?); its trajectory's calls will fail with unknown_session",
                     session,
                     replica.url,
                 )
