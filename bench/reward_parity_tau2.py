@@ -1,13 +1,17 @@
 """Reward parity with τ²-bench on ≥100 tasks per domain: our served eval-mode reward vs τ²'s own.
 
-A real server (``tool-server serve``) serves the four τ² packs (telecom in τ²'s solo mode).
+A real server (``tool-server serve``) serves the four τ² packs (telecom in τ²'s solo mode) and
+telecom in τ²'s dual control (``telecom-dual``: a simulated customer makes the phone's calls).
 Each task's gold is perturbed into non-gold trajectories of many kinds
 (``tests/envs/tau2/parity.py``: a write dropped, repeated or moved first, a read dropped or
 added, calls swapped or reversed, an argument changed in value or case, an integer sent as a
 float and back, a failing call, ten of them, no calls, the run cut off or ended by the
 customer; the facts told upper-cased, split, inside a longer number, with commas, in other
 words, only inside a tool call or a thought, or not at all; telecom runs without ``done``,
-with a text turn, with a write after ``done``). Each plays in its own session through
+with a text turn, with a write after ``done``; telecom-dual: the customer's phone actions dropped,
+repeated, moved first, swapped, with other arguments, failing, ten failing, done by the agent
+instead or by both, an agent's write done by the customer, the run ended by the agent).
+Each plays in its own session through
 ``/v1/calls`` and is scored by ``/v1/verify`` (``tool_use``, eval mode) and by τ²'s own
 ``evaluate_simulation`` on the trajectory as τ²'s orchestrator records it (τ²'s environments
 loaded from the package, its full-DB hashes).
@@ -20,7 +24,8 @@ check schemas) and how often τ²'s verdict would differ had it run them; and ho
 evaluator raised (scored 0, as its ``run_tasks`` scores a failed sample). Figures in
 bench/README.md and docs/environments.md.
 
-    .venv/bin/python bench/reward_parity_tau2.py [--tasks 100] [--per-task 0] [--domains retail airline mock telecom]
+    .venv/bin/python bench/reward_parity_tau2.py [--tasks 100] [--per-task 0]
+        [--domains retail airline mock telecom telecom-dual]
 """
 
 from __future__ import annotations
@@ -42,7 +47,15 @@ from tools.envs.tau2 import packs as tau2  # noqa: E402
 from tools.envs.tau2.domain import DOMAINS  # noqa: E402
 from tools.verifiers.tool_use.reward import BASIS_ALIASES  # noqa: E402
 
-PREFIXES = {"mock": "", "retail": "r_", "airline": "a_", "telecom": "t_"}  # τ²'s domains share tool names
+# τ²'s domains share tool names; "telecom-dual" is telecom in τ²'s dual control (pack mode "dual")
+PREFIXES = {"mock": "", "retail": "r_", "airline": "a_", "telecom": "t_", "telecom-dual": "d_"}
+LABELS = (*DOMAINS, "telecom-dual")
+
+
+def arguments(label: str) -> dict:
+    """The τ² pack's arguments for a label: its domain, and the mode of telecom-dual."""
+    domain, _, mode = label.partition("-")
+    return {"domain": domain, **({"mode": mode} if mode else {})}
 
 
 def spread(items: list, count: int) -> list:
@@ -57,7 +70,7 @@ def main() -> None:
     parser.add_argument(
         "--tasks", type=int, default=100, help="tasks per domain, spread over it (all if fewer)"
     )
-    parser.add_argument("--domains", nargs="*", default=list(DOMAINS))
+    parser.add_argument("--domains", nargs="*", default=list(LABELS), choices=LABELS)
     parser.add_argument(
         "--per-task",
         type=int,
@@ -67,27 +80,28 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=None, help="also write each outcome as a JSON line here")
     args = parser.parse_args()
-    packs = {domain: tau2.pack(domain) for domain in args.domains}
+    packs = {label: tau2.pack(**arguments(label)) for label in args.domains}
     environments = [
-        {"source": "tools.envs.tau2:pack", "prefix": PREFIXES[d], "arguments": {"domain": d}}
-        for d in args.domains
+        {"source": "tools.envs.tau2:pack", "prefix": PREFIXES[label], "arguments": arguments(label)}
+        for label in args.domains
     ]
     started = time.perf_counter()
     rows: dict[str, Counter] = defaultdict(Counter)
     kinds: dict[str, Counter] = defaultdict(Counter)
     disagreements: list[tuple] = []
     with running_server(server_config(environments=environments), startup_timeout_s=900) as server:
-        for domain, pack in packs.items():
+        for label, pack in packs.items():
+            domain = pack.info.domain
             tasks = spread(pack.tasks, args.tasks)
             for number, task in enumerate(tasks, 1):
                 basis = [BASIS_ALIASES.get(b.lower(), b.lower()) for b in task.reward_basis]
                 for trajectory in _chosen(list(perturbations(domain, task)), args.per_task, number):
-                    o = outcome(server.url, pack, domain, task, trajectory, PREFIXES[domain])
+                    o = outcome(server.url, pack, domain, task, trajectory, PREFIXES[label])
                     if args.out is not None:
                         with open(args.out, "a") as handle:
                             handle.write(json.dumps({**asdict(o), "agree": o.agree}) + "\n")
                     before = _before(o, basis)
-                    for counter in (rows[domain], kinds[trajectory.kind]):
+                    for counter in (rows[label], kinds[trajectory.kind]):
                         counter["trajectories"] += 1
                         counter["tau2 passes"] += o.tau2 == 1.0
                         counter["disagree"] += not o.agree
@@ -97,10 +111,10 @@ def main() -> None:
                         counter["τ² raised"] += o.tau2_crashed
                     if not o.agree:
                         disagreements.append(
-                            (domain, task.id, trajectory.kind, o.tau2, o.ours, o.reason[:160])
+                            (label, task.id, trajectory.kind, o.tau2, o.ours, o.reason[:160])
                         )
-                rows[domain]["tasks"] += 1
-                print(f"\r{domain}: {number}/{len(tasks)} tasks", end="", file=sys.stderr, flush=True)
+                rows[label]["tasks"] += 1
+                print(f"\r{label}: {number}/{len(tasks)} tasks", end="", file=sys.stderr, flush=True)
             print(file=sys.stderr)
     wall = time.perf_counter() - started
     columns = [

@@ -19,10 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol import ErrorKind, Result, ToolContext, ToolError, ToolMeta
+from protocol.messages import is_user_call
 from tool_server.config import ConfigError, EnvironmentSpec
 from tool_server.registry import Registry, ToolEntry
 from tool_server.upstream.tools import schema_validator
-from tools.envs.host import EnvHost, load_directory, open_pack
+from tools.envs.host import AGENT, USER, EnvHost, load_directory, open_pack
 from tools.envs.pack import EnvTool, Pack
 
 __all__ = ["TOOL_USE", "add_environments", "check_environment", "load_environment"]
@@ -108,8 +109,10 @@ def _tool_entry(
 def _pack_tool(host: EnvHost, pack: Pack, name: str) -> Callable[..., Any]:
     def run(**arguments: Any) -> Any:
         context: ToolContext = arguments.pop(_CONTEXT_PARAM)
+        # the simulated user's calls carry a user call id (the model never picks call ids)
+        requestor = USER if is_user_call(context.call_id) else AGENT
         try:
-            return host.call(context.session, pack, name, arguments)
+            return host.call(context.session, pack, name, arguments, requestor)
         except ToolError as exc:
             # Returned, not raised: an exception handed from the worker thread to the event
             # loop ends up in a reference cycle (its traceback holds this frame, and with it

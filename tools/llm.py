@@ -152,8 +152,13 @@ class LlmTool:
         max_tokens: Annotated[int | None, "Most tokens to generate (default: the tool's setting)."] = None,
         temperature: Annotated[float | None, "Sampling temperature; 0 is greedy."] = None,
         stop: Annotated[list[str] | None, "Stop generating at any of these strings."] = None,
+        tools: Annotated[
+            list[dict[str, Any]] | None,
+            "OpenAI tool schemas the model may call ([{type: function, function: {name, "
+            "description, parameters}}]); its calls come back in the structured output's tool_calls.",
+        ] = None,
     ) -> ToolOutput:
-        """Ask a language model and return its reply as text."""
+        """Ask a language model and return its reply as text (and its tool calls, if any)."""
         chat = self._build_messages(prompt, messages)
         if max_tokens is not None and max_tokens <= 0:
             raise ToolError(f"max_tokens must be > 0, got {max_tokens}", ErrorKind.INVALID_ARGUMENTS)
@@ -173,6 +178,8 @@ class LlmTool:
         }
         if stop:
             body["stop"] = stop
+        if tools:
+            body["tools"] = tools
         data = await self._post(body)
         return self._to_output(data)
 
@@ -248,13 +255,16 @@ class LlmTool:
             choice = data["choices"][0]
         except (KeyError, IndexError, TypeError):
             raise ToolError(f"LLM response has no choices: {str(data)[:300]}", "tool_error") from None
-        content = (choice.get("message") or {}).get("content") or choice.get("text") or ""
+        message = choice.get("message") or {}
+        content = message.get("content") or choice.get("text") or ""
         structured = {
             "content": content,
             "model": data.get("model"),
             "usage": data.get("usage") or {},
             "finish_reason": choice.get("finish_reason"),
         }
+        if message.get("tool_calls"):  # OpenAI form: [{id, type, function: {name, arguments (JSON text)}}]
+            structured["tool_calls"] = message["tool_calls"]
         return ToolOutput.text(content, structured)
 
 

@@ -47,7 +47,7 @@ def test_schema_exposes_call_arguments_only() -> None:
 
     sig = derive_signature(LlmTool(base_url="http://127.0.0.1:1/v1"), "llm", None)
     props = sig.input_schema["properties"]
-    assert set(props) == {"messages", "prompt", "max_tokens", "temperature", "stop"}
+    assert set(props) == {"messages", "prompt", "max_tokens", "temperature", "stop", "tools"}
     assert sig.input_schema.get("required", []) == []
     assert "language model" in sig.description
 

@@ -11,7 +11,10 @@ Users: a task with a ``user_scenario`` (τ²) is played ``solo`` by default, its
 handing the agent the scenario as a ticket. Built for a ``simulated`` user, its prompt is
 ``metadata["user_sim_prompt"]`` (τ²: the customer's short opening; else the task's own
 prompt) and ``extra_info["user_sim"]`` carries the scenario for the rollout's simulator
-(``trainer_client.rollout.user_sim``): the scenario, never the gold.
+(``trainer_client.rollout.user_sim``): the scenario, never the gold. A task whose user acts
+through tools of its own (``metadata["user_tools"]``, τ²'s dual control) is built only for a
+simulated user: ``user_sim["tools"]`` holds those tools' descriptors, and ``tools`` (the
+agent's) leaves them out.
 
 Tools added mid-conversation (BFCL miss_func, ``metadata["tools_added"]``: later turn ->
 tool names): ``extra_info["tools"]`` lists only the tools available from the start and
@@ -29,6 +32,7 @@ import random
 from collections.abc import Collection
 from typing import Any
 
+from tools.envs.host import USER_TOOLS
 from tools.envs.pack import EnvTask, Pack
 
 __all__ = ["ABILITY", "USERS", "VERIFIER", "build_rows", "task_row"]
@@ -47,13 +51,26 @@ def task_row(
     if user not in USERS:
         raise ValueError(f"user must be one of {', '.join(USERS)}, got {user!r}")
     simulated = user == "simulated" and bool(task.user_scenario)
+    user_tools = set(task.metadata.get(USER_TOOLS) or ())  # the simulated user's own (τ² dual control)
+    if user_tools and not simulated:
+        raise ValueError(
+            f"task {task.id!r}: its user acts through tools of its own (τ² dual control); "
+            "build it with a simulated user (--env-user simulated)"
+        )
     prompt = (task.metadata.get("user_sim_prompt") or task.prompt) if simulated else task.prompt
     exposed = set(task.tools) if task.tools is not None else None
     descriptors = {
         tool.name: {**tool.descriptor(), "name": prefix + tool.name}
         for tool in pack.tools
-        if exposed is None or tool.name in exposed
+        if (exposed is None or tool.name in exposed) and tool.name not in user_tools
     }
+    user_sim: dict[str, Any] = {"scenario": task.user_scenario}
+    if user_tools:
+        user_sim["tools"] = [
+            {**tool.descriptor(), "name": prefix + tool.name}
+            for tool in pack.tools
+            if tool.name in user_tools
+        ]
     turns = task.metadata.get("turns") or []
     added = task.metadata.get("tools_added") or {}
     unknown = sorted({n for names in added.values() for n in names} - set(descriptors))
@@ -80,7 +97,8 @@ def task_row(
             **({"turns": turns} if turns else {}),
             **({"new_tools": new_tools} if later else {}),
             # a simulated user's scenario, played by the rollout core through the llm tool
-            **({"user_sim": {"scenario": task.user_scenario}} if simulated else {}),
+            # (and the tools it acts through, if any: the agent's rows never list them)
+            **({"user_sim": user_sim} if simulated else {}),
         },
     }
 

@@ -6,6 +6,11 @@ to (``bind``: the task's patched state) or, unbound, from the pack's initial sta
 dropped when the session closes. The server wraps ``call`` as one stateful tool per
 pack tool and ``verify`` as the ``tool_use`` verifier; nothing here knows the server.
 
+Who calls: a task may give its simulated user tools of its own (``metadata["user_tools"]``;
+τ²'s dual control, the customer's phone). They act on the same world, but only calls made
+as the ``USER`` reach them (the server reads that from the call id,
+``protocol.messages.is_user_call``), and the user reaches nothing else (``refusal``).
+
 ``open_pack`` reads a pack from a directory or from a ``module:callable`` source, for
 the server's config, the ``tool-server env`` commands and the data builder alike.
 """
@@ -36,11 +41,24 @@ from protocol import (
 from tools.envs.pack import EnvTask, Pack, load_pack
 from tools.envs.world import CallRecord, World, jsonable
 
-__all__ = ["Binding", "EnvHost", "load_directory", "open_pack", "parse_arguments", "resolve_ground_truth"]
+__all__ = [
+    "AGENT",
+    "USER",
+    "USER_TOOLS",
+    "Binding",
+    "EnvHost",
+    "load_directory",
+    "open_pack",
+    "parse_arguments",
+    "refusal",
+    "resolve_ground_truth",
+]
 
 _WORLDS_KEY = "toolfactory.env.worlds"  # SessionState.data: pack id -> _SessionWorld
 _BINDING_KEY = "toolfactory.env.binding"  # SessionState.data: the session's Binding
 MODES = ("train", "eval")
+AGENT, USER = "assistant", "user"  # who makes a call (τ²'s requestors)
+USER_TOOLS = "user_tools"  # EnvTask.metadata: the tools only the task's simulated user may call
 _SNAPSHOT_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -211,12 +229,21 @@ class EnvHost:
             return None
         return (session.data.get(_WORLDS_KEY) or {}).get(pack.id)
 
-    def call(self, session: SessionState | None, pack: Pack, name: str, arguments: dict[str, Any]) -> Any:
+    def call(
+        self,
+        session: SessionState | None,
+        pack: Pack,
+        name: str,
+        arguments: dict[str, Any],
+        requestor: str = AGENT,
+    ) -> Any:
         """Run tool ``name`` of ``pack`` in the session's world; a JSON-able snapshot of its output.
 
         A tool the session's task does not expose is refused (and logged as a failed call),
         without naming the task's tools: some are held back until a later turn (BFCL
         miss_func), and the server cannot tell which the trajectory has been shown.
+        ``requestor`` is who calls: the agent, or the task's simulated ``USER``, who alone may
+        call the task's user tools (``refusal``).
         """
         if session is None:
             raise ToolError(
@@ -224,12 +251,8 @@ class EnvHost:
                 ErrorKind.BAD_REQUEST,
             )
         held = self.world(session, pack)
-        task = held.task
-        if task is not None and task.tools is not None and name not in task.tools:
-            message = (
-                f"tool {name!r} is not available in this task (not yet, or not at all); "
-                "call only the tools the task has given you so far"
-            )
+        message = refusal(held.task, name, requestor)
+        if message is not None:
             held.world.calls.append(CallRecord(name, dict(arguments), error=message))
             raise ToolError(message, ErrorKind.UNKNOWN_TOOL)
         return _snapshot(pack.call(held.world, name, arguments))
@@ -300,6 +323,37 @@ class EnvHost:
                 ErrorKind.INVALID_ARGUMENTS,
             )
         return held.world
+
+
+def refusal(task: EnvTask | None, name: str, requestor: str = AGENT) -> str | None:
+    """Why ``requestor`` may not call tool ``name`` in ``task``'s world (None: it may).
+
+    A task's user tools (``metadata["user_tools"]``: τ²'s dual control, the customer's phone)
+    are the simulated user's alone, and the user may call nothing else; the agent may call
+    the tools the task exposes (``task.tools``; None: all). The message is what the caller
+    sees, and what the call log keeps.
+    """
+    user_tools = (task.metadata.get(USER_TOOLS) or ()) if task is not None else ()
+    if requestor == USER:
+        if name in user_tools:
+            return None
+        if not user_tools:
+            return (
+                f"a simulated user's call to {name!r}: this session's task gives its user no tools; "
+                "bind the session to a task whose user acts through tools before its first call"
+            )
+        return f"the simulated user may call only its own tools ({', '.join(user_tools)}), not {name!r}"
+    if name in user_tools:
+        return (
+            f"tool {name!r} is the user's (it acts on their side, e.g. their phone): the agent cannot "
+            "call it; ask the user to do it"
+        )
+    if task is not None and task.tools is not None and name not in task.tools:
+        return (
+            f"tool {name!r} is not available in this task (not yet, or not at all); "
+            "call only the tools the task has given you so far"
+        )
+    return None
 
 
 def _unprefixed(request: VerifyRequest, prefix: str) -> VerifyRequest:

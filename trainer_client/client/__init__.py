@@ -4,7 +4,8 @@ and a plain MCP client for servers without a batch API.
 * ``tool_client``: ``ToolClient``, coalescing, retries, replicas, the delivery rules;
 * ``policies``: its tunables (``BatchPolicy``, ``RetryPolicy``, ``HealthPolicy``);
 * ``batching``, ``dispatch``, ``splits``: calls into POSTs, POSTs sent and settled, split
-  POSTs for a batch one slow call holds back;
+  POSTs for a batch one slow call holds back; ``deadlines``: the calls not settled yet, by deadline;
+* ``transport``: the batches' own keep-alive HTTP/1.1 connections (httptools), or httpx's;
 * ``routing``, ``health``, ``discovery``: which replica, which are up, replicas from DNS;
 * ``idempotency``: which tools may run twice; ``records``: what the client keeps;
 * ``leases``: the sessions of live trajectories renewed on the server (``lease_session``);

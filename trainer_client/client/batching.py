@@ -34,7 +34,7 @@ class Batcher:
         self._replica = replica
         self._endpoint = endpoint
         self._items: list[Pending] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None
         self._inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
         replica.batchers.append(self)
@@ -52,7 +52,7 @@ class Batcher:
             if self._inflight == 0:
                 # Idle: send on the next loop pass (calls made in this pass still join),
                 # so a lone call pays no window. Under load, wait for company.
-                self._timer = loop.call_later(0, self._flush)
+                self._timer = loop.call_soon(self._flush)
             else:
                 self._timer = loop.call_later(self._policy.window_s, self._flush)
 

@@ -16,10 +16,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import httpx
-
-from protocol import ErrorKind, decode_results, encode
+from protocol import Call, ErrorKind, ProtocolError
 from trainer_client.client.batching import Batcher
+from trainer_client.client.deadlines import Deadlines
 from trainer_client.client.health import HealthMonitor
 from trainer_client.client.idempotency import IdempotencyCatalog
 from trainer_client.client.policies import BatchPolicy, RetryPolicy
@@ -35,6 +34,14 @@ from trainer_client.client.records import (
 )
 from trainer_client.client.routing import INSTANCE_HEADER, Router, SessionLost
 from trainer_client.client.splits import Splitter
+from trainer_client.client.transport import (
+    Answer,
+    AnswerTimeout,
+    ConnectFailed,
+    ConnectionBroken,
+    Exchange,
+    Transport,
+)
 
 __all__ = ["Dispatcher"]
 
@@ -46,7 +53,7 @@ class Dispatcher:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        transport: Transport,
         headers: dict[str, str],
         replicas: list[Replica],
         batch: BatchPolicy,
@@ -57,8 +64,9 @@ class Dispatcher:
         catalog: IdempotencyCatalog,
         metrics: Metrics,
     ) -> None:
-        self._http = http
+        self._transport = transport
         self._headers = headers
+        self._instance_headers: dict[str, dict[str, str]] = {}  # one dict per instance: encoded once
         self.replicas = replicas
         self.batch = batch
         self.retry = retry
@@ -66,9 +74,9 @@ class Dispatcher:
         self._health = health
         self._catalog = catalog
         self._metrics = metrics
-        self._batchers: dict[tuple[int, str], Batcher] = {}
+        self._batchers: dict[str, dict[Replica, Batcher]] = {}  # endpoint name -> replica -> batcher
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._pending: set[Pending] = set()  # submitted, not settled: failed on aclose()
+        self._pending = Deadlines(self._expire)  # submitted, not settled: by deadline; failed on aclose()
         self._backing_off: dict[Pending, tuple[asyncio.TimerHandle, Replica | None]] = {}
         self._splits = Splitter(batch, max_connections, self._join, metrics, self._background)
         self._closed = False
@@ -82,11 +90,12 @@ class Dispatcher:
         for handle, _ in self._backing_off.values():
             handle.cancel()
         self._backing_off.clear()
-        for item in list(self._pending):
+        for item in self._pending.drain():
             self._finish(
                 item, item.endpoint.failure(item.payload, ErrorKind.CANCELLED, "the client was closed")
             )
-        await asyncio.gather(*(b.aclose() for b in self._batchers.values()), return_exceptions=True)
+        batchers = [b for by_replica in self._batchers.values() for b in by_replica.values()]
+        await asyncio.gather(*(b.aclose() for b in batchers), return_exceptions=True)
 
     # ----------------------------------------------------------------- submission
 
@@ -103,45 +112,62 @@ class Dispatcher:
         loop = asyncio.get_running_loop()
         timeout = timeout_s if timeout_s is not None else self.retry.timeout_s
         now = time.monotonic()
+        deadline = now + timeout
         items = [
-            Pending(payload, endpoint, loop.create_future(), session, now + timeout, now)
+            Pending(payload, endpoint, loop.create_future(), session, deadline, now)
             for payload, session in zip(payloads, sessions, strict=True)
         ]
-        self._pending.update(items)
         for item in items:
+            self._pending.add(item)
             self._submit(item)
-        # One timer settles whatever is left at the deadline (cheaper than asyncio.wait).
-        expiry = loop.call_later(timeout, self._expire, items, timeout)
         try:
-            if len(items) == 1:
-                await items[0].future
-            else:
-                await asyncio.gather(*(item.future for item in items))
-        except asyncio.CancelledError:  # the caller gave up: its calls stop counting as load
+            await asyncio.gather(*(item.future for item in items))
+        except asyncio.CancelledError:
             for item in items:
-                item.future.cancel()
-                self._unload(item)
-                self._pending.discard(item)
+                self.abandon(item)
             raise
-        finally:
-            expiry.cancel()
         return [item.future.result() for item in items]
 
-    def _expire(self, items: list[Pending], timeout: float) -> None:
-        for item in items:
-            if not item.future.done():
-                self._metrics.error("deadline")
-                # Waiting for a re-send: say why (overloaded, unavailable); else it was out.
-                kind, why = item.error or (ErrorKind.TIMEOUT, "no result")
-                self._finish(
-                    item,
-                    item.endpoint.failure(
-                        item.payload,
-                        kind,
-                        f"{why} (client deadline of {timeout:g} s reached; "
-                        f"{item.attempts + item.overloaded} retries)",
-                    ),
-                )
+    def submit_one(
+        self, endpoint: Endpoint, payload: Any, session: str | None, timeout_s: float | None
+    ) -> Pending:
+        """``run`` for one payload, in two halves: the caller awaits ``future`` of what this
+        returns, and calls ``abandon`` if it is cancelled (one coroutine less per call)."""
+        now = time.monotonic()
+        timeout = timeout_s if timeout_s is not None else self.retry.timeout_s
+        item = Pending(
+            payload, endpoint, asyncio.get_running_loop().create_future(), session, now + timeout, now
+        )
+        self._pending.add(item)
+        if session is not None or self._closed:
+            self._submit(item)
+            return item
+        # A new stateless call (most calls): ``_submit`` and ``_place`` less their other cases.
+        replica = item.replica = self._router.least_loaded()
+        replica.load += 1
+        self._batcher(replica, endpoint).add(item)
+        return item
+
+    def abandon(self, item: Pending) -> None:
+        """The caller gave up: its call stops counting as load, and is never settled."""
+        item.future.cancel()
+        self._unload(item)
+        self._pending.discard(item)
+
+    def _expire(self, item: Pending) -> None:
+        """``Deadlines`` calls this for a call still pending at its deadline."""
+        self._metrics.error("deadline")
+        # Waiting for a re-send: say why (overloaded, unavailable); else it was out.
+        kind, why = item.error or (ErrorKind.TIMEOUT, "no result")
+        self._finish(
+            item,
+            item.endpoint.failure(
+                item.payload,
+                kind,
+                f"{why} (client deadline of {item.deadline - item.started:g} s reached; "
+                f"{item.attempts + item.overloaded} retries)",
+            ),
+        )
 
     def _submit(self, item: Pending, prefer: Replica | None = None) -> None:
         if item.future.done() or self._closed:
@@ -195,16 +221,21 @@ class Dispatcher:
         if replica.described is None:  # once per replica (process): which tools are idempotent
             replica.described = asyncio.get_running_loop().create_task(self._catalog.learn(replica))
             self._background(replica.described)
-        split = self._splits.arm(replica, items) if endpoint is CALLS else None
+        body, items = self._encode(endpoint, items)
+        if body is None:
+            return
+        exchange = Exchange()
+        number = replica.batches  # this batch's number among the replica's
+        split = self._splits.arm(replica, number, items, exchange) if endpoint is CALLS else None
         failure: Exception | None = None
         expected = self._router.instance(replica)  # the process this batch's sessions live in
         try:
-            body = encode({endpoint.key: [item.payload for item in items]})
-            response = await self._http.post(
+            response = await self._transport.post(
                 replica.url + endpoint.path,
-                content=body,
-                headers=self._headers_for(expected),
-                timeout=httpx.Timeout(self._attempt_timeout(items), pool=None),
+                body,
+                self._headers_for(expected),
+                self._attempt_timeout(items),
+                exchange,
             )
         except Exception as exc:  # classified below: a failure must never leave callers hanging
             failure = exc
@@ -214,12 +245,38 @@ class Dispatcher:
         if failure is not None:
             await self._attempt_failed(replica, items, failure)
         else:
-            await self._settle(replica, endpoint, items, response, expected)
+            await self._settle(replica, endpoint, items, response, expected, number)
+
+    def _encode(self, endpoint: Endpoint, items: list[Pending]) -> tuple[bytes | None, list[Pending]]:
+        """The batch's body, once; if a payload cannot be written as JSON, that call alone ends
+        with an error saying so, and the body carries the others (None: no call is left)."""
+        try:
+            return endpoint.encode([item.payload for item in items]), items
+        except TypeError:  # orjson.JSONEncodeError: a value JSON has no form for
+            pass
+        kept = []
+        for item in items:
+            try:
+                endpoint.encode([item.payload])
+            except TypeError as exc:
+                self._metrics.error("unserialisable")
+                self._fail_all([item], *_unserialisable(item.payload, exc))
+            else:
+                kept.append(item)
+        return (endpoint.encode([item.payload for item in kept]) if kept else None), kept
 
     def _headers_for(self, instance: str | None) -> dict[str, str]:
         """The request headers, naming the process the sessions are expected in: another
-        process at that address refuses them instead of starting them empty."""
-        return self._headers if instance is None else {**self._headers, INSTANCE_HEADER: instance}
+        process at that address refuses them instead of starting them empty. One dict per
+        instance, so that the transport encodes each once."""
+        if instance is None:
+            return self._headers
+        headers = self._instance_headers.get(instance)
+        if headers is None:
+            if len(self._instance_headers) >= 64:  # replicas restart; keep the recent ones
+                self._instance_headers.clear()
+            headers = self._instance_headers[instance] = {**self._headers, INSTANCE_HEADER: instance}
+        return headers
 
     def _without_lost(self, items: list[Pending]) -> list[Pending]:
         """The items whose session is not lost; the others end ``unknown_session`` now."""
@@ -235,22 +292,22 @@ class Dispatcher:
     async def _attempt_failed(self, replica: Replica, items: list[Pending], exc: Exception) -> None:
         """A POST got no answer: did its request (possibly) reach the server?"""
         m = self._metrics
-        if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        if isinstance(exc, ConnectFailed):
             m.error("connect")  # no connection, so no request: nothing ran
             self._health.mark_down(replica, f"connect failed: {exc}")
-            refused = replica if isinstance(exc, httpx.ConnectError) else None
+            refused = None if exc.timed_out else replica
             self._not_delivered(
                 items, ErrorKind.UNAVAILABLE, f"cannot connect to {replica.url}: {exc}", refused
             )
-        elif isinstance(exc, httpx.TimeoutException):
+        elif isinstance(exc, AnswerTimeout):
             m.error("request_timeout")  # the connection is intact: the server is up, still working
             self._health.schedule_probe(replica)
             message = f"{replica.url} did not answer in time"
             await self._maybe_delivered(replica, items, ErrorKind.TIMEOUT, message, process_up=True)
-        elif isinstance(exc, httpx.TransportError):
-            m.error("transport")  # ReadError, RemoteProtocolError: the connection broke mid-call
+        elif isinstance(exc, ConnectionBroken):
+            m.error("transport")  # the connection broke mid-call (a reset, a truncated answer)
             self._health.schedule_probe(replica)
-            message = f"connection to {replica.url} broke with the calls in flight: {exc!r}"
+            message = f"connection to {replica.url} broke with the calls in flight: {exc}"
             await self._maybe_delivered(replica, items, ErrorKind.UNAVAILABLE, message, process_up=False)
         else:  # a bug or an unexpected failure
             self._crashed(items, f"sending a batch to {replica.url}", exc)
@@ -266,17 +323,17 @@ class Dispatcher:
         it: that POST is still out and owns the retries. Anything else is a bug: the call ends
         with an error."""
         try:
-            response = await self._http.post(
+            response = await self._transport.post(
                 replica.url + CALLS.path,
-                content=encode({CALLS.key: [item.payload]}),
-                headers=self._headers_for(self._router.instance(replica)),
-                timeout=httpx.Timeout(max(0.001, item.deadline - time.monotonic()) + 1.0, pool=None),
+                CALLS.encode([item.payload]),
+                self._headers_for(self._router.instance(replica)),
+                max(0.001, item.deadline - time.monotonic()) + 1.0,
             )
             if response.status_code != 200:
                 return  # e.g. 429
-            (result,) = decode_results(response.content)
-        except (httpx.HTTPError, ValueError):  # transport failures, unreadable answers
-            return
+            (result,) = CALLS.decode(response.content)
+        except (ConnectFailed, AnswerTimeout, ConnectionBroken, ProtocolError, ValueError):
+            return  # transport failures, unreadable answers
         except Exception as exc:
             self._crashed([item], f"joining a call on {replica.url}", exc)
             return
@@ -288,10 +345,12 @@ class Dispatcher:
         replica: Replica,
         endpoint: Endpoint,
         items: list[Pending],
-        response: httpx.Response,
+        response: Answer,
         sent: str | None,
+        number: int,
     ) -> None:
-        """Settle a batch's items from the answer; ``sent`` is the instance the request named."""
+        """Settle a batch's items from the answer; ``sent`` is the instance the request named,
+        ``number`` the batch's among the replica's (for ``splits``)."""
         m = self._metrics
         status = response.status_code
         if status == 200:
@@ -315,9 +374,13 @@ class Dispatcher:
                 )
                 return
             if endpoint is CALLS:
-                self._splits.answered(replica, response.elapsed.total_seconds(), results)
+                self._splits.answered(replica, number, response.elapsed_s, results)
             for item, result in zip(items, results, strict=True):
-                if endpoint.overloaded(result):  # refused before it ran: re-send after a pause
+                if result.error is None:  # the common case: done
+                    if item.session is not None:
+                        self._router.landed(item.session, replica)  # its state lives in this process now
+                    self._finish(item, result)
+                elif endpoint.overloaded(result):  # refused before it ran: re-send after a pause
                     m.error("overloaded")
                     item.overloaded += 1
                     delay = retry_after(response.headers.get("retry-after"), default=0.0)
@@ -354,10 +417,12 @@ class Dispatcher:
             self._fail_all(items, kind, f"{replica.url} rejected the batch ({status}): {message}")
 
     def _batcher(self, replica: Replica, endpoint: Endpoint) -> Batcher:
-        key = (id(replica), endpoint.name)
-        batcher = self._batchers.get(key)
+        by_replica = self._batchers.get(endpoint.name)
+        if by_replica is None:
+            by_replica = self._batchers[endpoint.name] = {}
+        batcher = by_replica.get(replica)
         if batcher is None:
-            batcher = self._batchers[key] = Batcher(replica, endpoint, self.batch, self._send_batch)
+            batcher = by_replica[replica] = Batcher(replica, endpoint, self.batch, self._send_batch)
         return batcher
 
     def _background(self, task: asyncio.Task[Any]) -> None:
@@ -505,3 +570,20 @@ class Dispatcher:
     def _give_up(self, item: Pending, why: str) -> None:
         kind, message = item.error or (ErrorKind.TIMEOUT, "no result")
         self._finish(item, item.endpoint.failure(item.payload, kind, f"{message} ({why})"))
+
+
+def _unserialisable(payload: Any, exc: Exception) -> tuple[ErrorKind, str]:
+    """Why a call (or verify request) that orjson cannot write was not sent, and what to do."""
+    advice = (
+        "send only JSON values: strings, booleans, None, integers within 64 bits, floats, "
+        "lists, and dicts with string keys"
+    )
+    if isinstance(payload, Call):
+        return ErrorKind.INVALID_ARGUMENTS, (
+            f"call {payload.call_id} to {payload.name!r} was not sent: its arguments cannot be "
+            f"written as JSON ({exc}); {advice}"
+        )
+    return (
+        ErrorKind.BAD_REQUEST,
+        f"the verify request was not sent: it cannot be written as JSON ({exc}); {advice}",
+    )

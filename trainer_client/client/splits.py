@@ -14,6 +14,19 @@ split_after_ms?* -- the round trip less the slowest call's run time (the server'
 ``elapsed_ms``) is the replica's own delay; add the fastest call's run time. A late batch is
 split only while most of the replica's recent batches (a moving average over ~8) answered
 yes; a replica nothing has been learned about yet gets no splits.
+
+A late batch is not split either when nothing says one of its calls is to blame:
+
+* its answer has begun to arrive (the server is done with every call in it);
+* the split's timer ran late by more than half of ``split_after_ms``: the client's event loop
+  is behind (its own CPU is the limit), and answers may only be waiting to be read;
+* other batches to the replica are out too, and none sent after it has come back: the replica
+  may just be working through its queue, which a split POST would join. (Once a later batch
+  is back, the replica is not queueing behind this one: a call in it is slow.)
+
+A client busy enough would otherwise find its batches "late" only because it had not read
+their answers yet, and split them: one more POST per call, more CPU, later still (hundreds of
+split POSTs per run at ``max_batch=64``).
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from typing import Any
 from protocol import Result
 from trainer_client.client.policies import BatchPolicy
 from trainer_client.client.records import Metrics, Pending, Replica
+from trainer_client.client.transport import Exchange
 
 __all__ = ["Splitter"]
 
@@ -38,8 +52,8 @@ class Splitter:
     """Decides which late batches get split POSTs, and sends them (through ``join``).
 
     Split POSTs each hold a connection for as long as their call runs; past a quarter of the
-    pool they would queue for connections (httpcore's queue is quadratic) and slow every
-    batch down, so beyond that a late batch simply stays whole.
+    pool they would make the batches queue for connections, so beyond that a late batch simply
+    stays whole.
     """
 
     def __init__(
@@ -57,18 +71,26 @@ class Splitter:
         self._metrics = metrics
         self._background = background
         self._helps: dict[Replica, float] = {}  # moving share of batches a split would have helped
+        self._answered: dict[Replica, int] = {}  # the latest batch (``Replica.batches`` number) answered
         self._joins = 0
         self._max_joins = max(1, max_connections // 4)
 
-    def arm(self, replica: Replica, items: list[Pending]) -> asyncio.TimerHandle | None:
-        """A timer that splits this batch if it is still out after ``split_after_ms``; None
-        where it may not be split (too small or too big, or its replica is slow as a whole)."""
+    def arm(
+        self, replica: Replica, number: int, items: list[Pending], exchange: Exchange
+    ) -> asyncio.TimerHandle | None:
+        """A timer that splits batch ``number`` (of the replica's) if it is still out after
+        ``split_after_ms`` and nothing else explains it (see above); None where it may not be
+        split (too small or too big, or its replica is slow as a whole)."""
         if self._after_s <= 0 or not 1 < len(items) <= self._max or not self._would_help(replica):
             return None
-        return asyncio.get_running_loop().call_later(self._after_s, self._split, replica, items)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self._after_s
+        return loop.call_later(self._after_s, self._split, replica, number, items, exchange, due)
 
-    def answered(self, replica: Replica, round_trip_s: float, results: Sequence[Result]) -> None:
-        """Learn from an answered batch whether splitting it would have helped (see above)."""
+    def answered(self, replica: Replica, number: int, round_trip_s: float, results: Sequence[Result]) -> None:
+        """Learn from answered batch ``number`` whether splitting it would have helped (see above)."""
+        if number > self._answered.get(replica, 0):
+            self._answered[replica] = number
         if self._after_s <= 0 or len(results) < 2:
             return
         slowest = max(r.elapsed_ms for r in results) / 1000.0
@@ -80,10 +102,18 @@ class Splitter:
     def _would_help(self, replica: Replica) -> bool:
         return self._helps.get(replica, _UNKNOWN) > 0.5 and not replica.saturated
 
-    def _split(self, replica: Replica, items: list[Pending]) -> None:
+    def _split(
+        self, replica: Replica, number: int, items: list[Pending], exchange: Exchange, due: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        if exchange.answering:  # answered: its results are only waiting for the event loop
+            return
+        if loop.time() - due > self._after_s / 2:  # the loop runs late: the client is the bottleneck
+            return
+        if replica.outstanding > len(items) and self._answered.get(replica, 0) < number:
+            return  # other batches are out, none sent later is back: the replica may be queueing
         if not self._would_help(replica):  # batches answered since it was sent say otherwise
             return
-        loop = asyncio.get_running_loop()
         for item in items:
             if not item.future.done() and self._joins < self._max_joins:
                 self._joins += 1

@@ -79,12 +79,13 @@ from trainer_client.client.records import (
     retry_after,
 )
 from trainer_client.client.routing import INSTANCE_HEADER, Router, SessionLost
+from trainer_client.client.transport import HttpxTransport, Pool, Transport, env_proxy
 
 log = logging.getLogger("trainer_client.client")  # one logger for the client
 
 TOKEN_ENV = "TOOLFACTORY_TOKEN"  # read when no token is passed explicitly
-KEEPALIVE_CONNECTIONS = 32  # idle connections kept open for reuse (all replicas together)
-KEEPALIVE_S = 1.0  # how long an idle one is kept (httpx's default: 5 s)
+KEEPALIVE_CONNECTIONS = 32  # idle connections httpx keeps for the plain requests (all replicas together)
+KEEPALIVE_S = 1.0  # how long an idle connection is kept (under the server's keep_alive_s, 5 s by default)
 _REQUEST_RETRIES = 6  # plain requests (tool lists, sessions) when max_retries is None
 
 
@@ -122,8 +123,11 @@ class ToolClient:
             ``timeout_s=``, ``max_retries=``, ``health_interval_s=``, ...) still work and
             override single fields of these.
         http: the HTTP client to send with (e.g. one on ``httpx.ASGITransport`` to run
-            against an app in process); the caller closes it. Default: one of our own.
-        max_connections: size of our own HTTP connection pool (shared by all replicas).
+            against an app in process); the caller closes it. Default: batches go out on
+            keep-alive connections of our own (``transport.Pool``), other requests through
+            an httpx client of our own (both through httpx if a proxy is set in the
+            environment for a replica's URL).
+        max_connections: most connections our batch pool opens (shared by all replicas).
         toolset: default toolset for ``list_tools``.
     """
 
@@ -158,16 +162,20 @@ class ToolClient:
             self._headers["authorization"] = f"Bearer {token}"
         self._auth = {k: v for k, v in self._headers.items() if k == "authorization"}
         self._owns_http = http is None  # an injected client belongs to the caller, who closes it
-        # httpcore re-checks every pooled connection (a poll each, and a scan of the pool per idle
-        # one) whenever a request starts or ends: idle connections kept from a burst cost CPU on
-        # every later POST, so few are kept, and not for long (bench/README.md, "ToolClient CPU
-        # under a slow replica").
+        # For the plain requests only (tool lists, sessions, probes, leases): httpcore re-checks
+        # every pooled connection whenever a request starts or ends, so few are kept, not for long.
         keep = min(max_connections, KEEPALIVE_CONNECTIONS)
         self._http = http or httpx.AsyncClient(
             limits=httpx.Limits(
                 max_connections=max_connections, max_keepalive_connections=keep, keepalive_expiry=KEEPALIVE_S
             ),
             timeout=httpx.Timeout(self.retry.timeout_s, pool=None),
+        )
+        # The batches: our own pool, unless the caller chose the HTTP client or a proxy is set.
+        self._transport: Transport = (
+            HttpxTransport(self._http)
+            if http is not None or any(env_proxy(r.url) for r in self.replicas)
+            else Pool(max_connections=max_connections, max_idle=max_connections, keepalive_s=KEEPALIVE_S)
         )
         self._metrics = Metrics()
         self._router = Router(self.replicas, self._metrics)
@@ -185,7 +193,7 @@ class ToolClient:
         self.discovery = Discovery(dns, self.replicas, self._router, self._wake) if dns else None
         self._leases = SessionLeases(self._http, self._headers, self._router, self._metrics)
         self._dispatch = Dispatcher(
-            self._http,
+            self._transport,
             self._headers,
             self.replicas,
             self.batch,
@@ -197,6 +205,7 @@ class ToolClient:
             self._metrics,
         )
         self._closed = False
+        self._started = False
 
     @property
     def closed(self) -> bool:
@@ -222,9 +231,18 @@ class ToolClient:
             if not isinstance(call, Call):
                 raise TypeError(f"call_tools takes protocol.Call records, got {type(call).__name__}")
         self._metrics.calls += len(calls)
-        if calls:
+        if not calls:
+            return []
+        if self._closed or not self._started:
             self._start()
-        return await self._dispatch.run(CALLS, calls, [c.session for c in calls], timeout_s)
+        if len(calls) > 1:
+            return await self._dispatch.run(CALLS, calls, [c.session for c in calls], timeout_s)
+        item = self._dispatch.submit_one(CALLS, calls[0], calls[0].session, timeout_s)  # most callers
+        try:
+            return [await item.future]
+        except asyncio.CancelledError:
+            self._dispatch.abandon(item)
+            raise
 
     async def call(
         self,
@@ -330,6 +348,7 @@ class ToolClient:
         if self.discovery is not None:
             await self.discovery.aclose()
         await self._dispatch.aclose()
+        await self._transport.aclose()
         if self._owns_http:
             await self._http.aclose()
 
@@ -343,6 +362,7 @@ class ToolClient:
         self._health.start()
         if self.discovery is not None:
             self.discovery.start()
+        self._started = True
 
     # ----------------------------------------------------------------- plain requests
 

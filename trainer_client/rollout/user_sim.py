@@ -13,6 +13,13 @@ roles flipped (the customer's own messages are its ``assistant`` turns, the agen
 replies its ``user`` turns). It sees only what a customer would: the agent's tool-call
 turns, tool results and the agent's system text are left out. It ends the conversation
 with a stop signal (τ²'s tokens, so a simulator prompted for τ² behaves the same here).
+
+A user may have tools of its own (τ²'s dual control: the customer's phone;
+``extra_info.user_sim.tools``, MCP descriptors). The simulator is then asked with them as
+OpenAI ``tools`` and may answer with tool calls instead of a message: ``user_turns`` runs
+them on the trajectory's world (as the user's calls) and hands the results back to the
+simulator, never to the agent, as τ²'s orchestrator does. In the simulator's chat its own
+calls are its ``assistant`` turns with ``tool_calls``, their results ``tool`` messages.
 """
 
 from __future__ import annotations
@@ -21,8 +28,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STOP_SIGNALS", "UserReply", "scenario_of", "simulator_messages", "system_prompt", "user_reply"]
+from trainer_client.templates.tools import openai_tool_schemas
 
+__all__ = [
+    "STOP_SIGNALS",
+    "UserReply",
+    "scenario_of",
+    "simulator_messages",
+    "system_prompt",
+    "user_reply",
+    "user_tools_of",
+]
+
+USER = "user"  # the requestor of the simulated user's own tool calls (τ²'s word)
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
 OUT_OF_SCOPE = "###OUT-OF-SCOPE###"
@@ -46,6 +64,14 @@ Ending the conversation (write the token on its own, as your whole message):
 - {TRANSFER} when the agent transfers you to another agent or a human;
 - {OUT_OF_SCOPE} when the agent needs something the scenario gives you no way to answer."""
 
+TOOL_GUIDELINES = """You have tools that act on your side (your own device), for what the agent asks you to do or check:
+- Each turn, either write a message to the agent or make a tool call, never both.
+- Call a tool only when the agent asks for that action, or to answer what the agent asked; if you do not know which action is meant, ask the agent.
+- One action at a time: if the agent asks for several, say you can do one at a time.
+- Never make up a tool's result: tell the agent what it actually returned.
+- If a tool call fails, fix it and try again.
+- The agent does not see your tool calls or their results, only your messages."""
+
 
 @dataclass(frozen=True)
 class UserReply:
@@ -62,24 +88,44 @@ def scenario_of(metadata: Mapping[str, Any]) -> str | None:
     return scenario if isinstance(scenario, str) and scenario.strip() else None
 
 
-def system_prompt(scenario: str) -> str:
-    """The simulator's system text: the guidelines, then the scenario."""
-    return f"{GUIDELINES}\n\n<scenario>\n{scenario.strip()}\n</scenario>"
+def user_tools_of(metadata: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The simulated user's own tools of a row's ``extra_info`` (``user_sim.tools``), as the
+    OpenAI ``tools`` the simulator is asked with; empty for a user who only talks."""
+    user = metadata.get("user_sim")
+    tools = user.get("tools") if isinstance(user, Mapping) else None
+    return openai_tool_schemas(tools) if isinstance(tools, list) else []
 
 
-def simulator_messages(scenario: str, conversation: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def system_prompt(scenario: str, tools: bool = False) -> str:
+    """The simulator's system text: the guidelines (with those for its tools), then the scenario."""
+    guidelines = f"{GUIDELINES}\n\n{TOOL_GUIDELINES}" if tools else GUIDELINES
+    return f"{guidelines}\n\n<scenario>\n{scenario.strip()}\n</scenario>"
+
+
+def simulator_messages(
+    scenario: str, conversation: Sequence[Mapping[str, Any]], *, tools: bool = False
+) -> list[dict[str, Any]]:
     """The chat the simulator answers: its system prompt, then ``conversation`` as the
     customer saw it, roles flipped.
 
     An agent message followed by tool results was a tool-call turn: the customer never
-    saw it. System text (the agent's policy) and tool results are left out likewise.
+    saw it. System text (the agent's policy) and the agent's tool results are left out
+    likewise. The user's own tool calls (a user message with ``tool_calls``) are its
+    assistant turns, and their results (tool messages of ``requestor`` user) stay.
     """
-    chat: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(scenario)}]
+    chat: list[dict[str, Any]] = [{"role": "system", "content": system_prompt(scenario, tools)}]
     for i, message in enumerate(conversation):
         role, content = message.get("role"), message.get("content")
-        if not isinstance(content, str) or not content.strip():
+        if role == "user" and message.get("tool_calls"):
+            text = content if isinstance(content, str) and content.strip() else None
+            chat.append({"role": "assistant", "content": text, "tool_calls": list(message["tool_calls"])})
+        elif role == "tool" and message.get("requestor") == USER:
+            chat.append(
+                {"role": "tool", "tool_call_id": message.get("tool_call_id"), "content": str(content or "")}
+            )
+        elif not isinstance(content, str) or not content.strip():
             continue
-        if role == "user":
+        elif role == "user":
             chat.append({"role": "assistant", "content": content})
         elif role == "assistant" and not _calls_tools(conversation, i):
             chat.append({"role": "user", "content": content})

@@ -26,10 +26,12 @@ from typing import Any
 import httpx
 
 from protocol import decode_results
+from protocol.messages import new_user_call_id
 from tool_server.upstream.tools import schema_validator
 from tools.envs.pack import EnvTask, Pack
 from tools.envs.tau2.domain import load_domain
 
+AGENT, USER = "assistant", "user"  # τ²'s requestors
 UNKNOWN_ID = "#W0000000"
 CLOSING = "Is there anything else I can help you with?"  # a last word that tells no fact
 MAX_ERRORS = 10  # τ²'s orchestrator default (tau2.config.DEFAULT_MAX_ERRORS)
@@ -39,6 +41,7 @@ MAX_ERRORS = 10  # τ²'s orchestrator default (tau2.config.DEFAULT_MAX_ERRORS)
 class Call:
     name: str
     arguments: dict[str, Any]
+    requestor: str = AGENT  # dual control: USER for the simulated customer's own calls
 
 
 DONE = Call("done", {})  # τ²'s solo agent's stop tool
@@ -86,6 +89,9 @@ class Outcome:
 def perturbations(domain: str, task: EnvTask) -> Iterator[Trajectory]:
     """The gold, then the gold made imperfect in every way that applies to the task."""
     source = load_domain(domain)
+    if task.metadata.get("tau2_dual"):
+        yield from dual_perturbations(source, task)
+        return
     solo = source.by_field
     gold = [Call(c.name, copy.deepcopy(c.arguments)) for c in task.gold.calls]
     said = [] if solo else [f"Done: {info}." for info in task.gold.communicate]
@@ -97,7 +103,8 @@ def perturbations(domain: str, task: EnvTask) -> Iterator[Trajectory]:
             return Trajectory(kind, [*calls, DONE], texts or [], **kw)
         return Trajectory(kind, calls, (said if texts is None else texts) or [CLOSING], **kw)
 
-    yield variant("gold", gold)
+    if not task.metadata.get("tau2_actionless"):  # (τ² gives those no gold to play)
+        yield variant("gold", gold)
     if writes:
         last = writes[-1]
         yield variant("dropped_write", gold[:last] + gold[last + 1 :])
@@ -163,6 +170,84 @@ def perturbations(domain: str, task: EnvTask) -> Iterator[Trajectory]:
             [f"<think>{x}</think>Done." for x in info],
             sent=["Done."] * len(info),
         )
+
+
+def dual_perturbations(source: Any, task: EnvTask) -> Iterator[Trajectory]:
+    """τ²'s dual control (telecom): the gold's phone actions are the simulated customer's calls,
+    the rest the agent's; the customer ends the run with ###STOP###. Besides the kinds that
+    apply to any run, the customer's side made imperfect: an action dropped, repeated, moved
+    first, swapped, with other arguments, failing, ten failing; an action done by the agent
+    instead (refused by the server; τ²'s agent has no such tool) or by both; an agent's write
+    done by the customer instead (refused likewise)."""
+    user_tools = set(task.metadata["user_tools"])
+    gold = [
+        Call(c.name, copy.deepcopy(c.arguments), USER if c.name in user_tools else AGENT)
+        for c in task.gold.calls
+    ]
+    mine = [i for i, c in enumerate(gold) if c.requestor == USER]
+    writes = [
+        i for i, c in enumerate(gold) if c.requestor == AGENT and source.tool_types.get(c.name) == "write"
+    ]
+
+    def variant(kind: str, calls: list[Call], **kw: Any) -> Trajectory:
+        return Trajectory(kind, calls, [CLOSING], **{"ending": "user", **kw})
+
+    def without(index: int) -> list[Call]:
+        return gold[:index] + gold[index + 1 :]
+
+    def retold(index: int, requestor: str) -> list[Call]:
+        return [*gold[:index], Call(gold[index].name, gold[index].arguments, requestor), *gold[index + 1 :]]
+
+    yield variant("gold", gold)
+    if mine:
+        last = mine[-1]
+        yield variant("user_action_dropped", without(last))
+        yield variant("user_action_repeated", [*gold, copy.deepcopy(gold[last])])
+        yield variant("user_action_moved_first", [gold[last], *without(last)])
+        yield variant("user_action_by_agent", retold(last, AGENT))
+        yield variant(
+            "user_action_by_both", [*gold[:last], Call(gold[last].name, gold[last].arguments), *gold[last:]]
+        )
+        if len(mine) >= 2:
+            a, b = mine[0], mine[1]
+            swapped = list(gold)
+            swapped[a], swapped[b] = gold[b], gold[a]
+            yield variant("user_actions_swapped", swapped)
+        for index in mine[::-1]:
+            changed = _value_changed(gold[index].arguments)
+            if changed is not None:
+                calls = copy.deepcopy(gold)
+                calls[index] = Call(gold[index].name, changed, USER)
+                yield variant(
+                    "user_value_changed", calls, note=f"{gold[index].name}: {json.dumps(changed)[:200]}"
+                )
+                break
+    failing = Call("set_apn_settings", {"apn_settings": {"apn_name": 5}}, USER)  # τ²'s model refuses 5
+    yield variant("user_failed_call", [failing, *gold])
+    yield variant("user_too_many_errors", [*[failing] * MAX_ERRORS, *gold])
+    if writes:
+        last = writes[-1]
+        yield variant("agent_write_by_user", retold(last, USER))
+        yield variant("dropped_write", without(last))
+        yield variant("repeated_write", [*gold, copy.deepcopy(gold[last])])
+    if len(gold) >= 2:
+        yield variant("reversed", gold[::-1])
+    for kind, change in (("value_changed", _value_changed), ("int_as_float", _int_as_float)):
+        for index in [*writes[::-1], *range(len(gold))]:
+            changed = change(gold[index].arguments)
+            if changed is not None:
+                calls = copy.deepcopy(gold)
+                calls[index] = Call(gold[index].name, changed, gold[index].requestor)
+                yield variant(kind, calls, note=f"{gold[index].name}: {json.dumps(changed)[:200]}")
+                break
+    agent_failing = _failing_call(source)
+    if agent_failing is not None:
+        yield variant("failed_call_added", [agent_failing, *gold])
+        yield variant("too_many_errors", [*[agent_failing] * MAX_ERRORS, *gold])
+    yield variant("no_calls", [])
+    yield variant("agent_ending", gold, ending="agent")  # the customer never says ###STOP###
+    if gold:
+        yield variant("cut_off", gold, ending="cut")
 
 
 def _value_changed(arguments: dict[str, Any]) -> dict[str, Any] | None:
@@ -279,7 +364,9 @@ def served(url: str, pack: Pack, task: EnvTask, trajectory: Trajectory, prefix: 
         body = {
             "calls": [
                 {
-                    "call_id": uuid.uuid4().hex,
+                    # the customer's calls are marked as such: the server runs the phone's tools
+                    # only for them
+                    "call_id": new_user_call_id() if c.requestor == USER else uuid.uuid4().hex,
                     "name": prefix + c.name,
                     "arguments": c.arguments,
                     "session": session,
@@ -290,10 +377,26 @@ def served(url: str, pack: Pack, task: EnvTask, trajectory: Trajectory, prefix: 
         response = httpx.post(url + "/v1/calls", json=body, timeout=300)
         assert response.status_code == 200, response.text
         validators = {t.name: schema_validator(t.name, t.input_schema) for t in pack.tools}
-        for call, result in zip(trajectory.calls, decode_results(response.content), strict=True):
-            text = json.dumps({"name": prefix + call.name, "arguments": call.arguments})
-            messages.append({"role": "assistant", "content": f"<tool_call>{text}</tool_call>"})
-            messages.append({"role": "tool", "name": prefix + call.name, "content": result.text})
+        for index, (call, result) in enumerate(
+            zip(trajectory.calls, decode_results(response.content), strict=True)
+        ):
+            if call.requestor == USER:  # as the rollout records the simulated user's calls
+                function = {"name": prefix + call.name, "arguments": json.dumps(call.arguments)}
+                tool_call = {"id": f"u{index}", "type": "function", "function": function}
+                messages.append({"role": "user", "content": "", "tool_calls": [tool_call]})
+                messages.append(
+                    {
+                        "role": "tool",
+                        "name": prefix + call.name,
+                        "content": result.text,
+                        "requestor": USER,
+                        "tool_call_id": tool_call["id"],
+                    }
+                )
+            else:
+                text = json.dumps({"name": prefix + call.name, "arguments": call.arguments})
+                messages.append({"role": "assistant", "content": f"<tool_call>{text}</tool_call>"})
+                messages.append({"role": "tool", "name": prefix + call.name, "content": result.text})
             if _valid(validators[call.name], call.arguments):
                 ran.append(call)
             else:
@@ -333,19 +436,26 @@ def _valid(validate: Any, arguments: dict[str, Any]) -> bool:
 
 
 def tau2_reward(
-    domain: str, task_id: str, trajectory: Trajectory, calls: list[Call] | None = None
+    domain: str,
+    task_id: str,
+    trajectory: Trajectory,
+    calls: list[Call] | None = None,
+    *,
+    solo: bool | None = None,
 ) -> tuple[float, Any]:
     """τ²'s reward for the trajectory (``calls`` overrides the calls it makes), and its RewardInfo.
 
     The messages are what τ²'s orchestrator would record: τ²'s environment from the package
     (its registry's constructor) set to the task's initial state, each call answered by
-    its ``get_response``; the ending is the orchestrator's termination reason.
+    its ``get_response`` (a customer's call as its user simulator sends it: a user message
+    with the tool call, requestor user); the ending is the orchestrator's termination reason.
+    ``solo``: τ²'s solo mode (default: for a domain with user tools, telecom's solo pack).
     """
     message = importlib.import_module("tau2.data_model.message")
     simulation = importlib.import_module("tau2.data_model.simulation")
     evaluate_simulation, registry = _tau2_evaluator()
     source = load_domain(domain)
-    solo = source.by_field
+    solo = source.by_field if solo is None else solo
     task = source.tasks[task_id]
     env = registry.get_env_constructor(domain)(solo_mode=solo)
     state = task.initial_state
@@ -362,8 +472,13 @@ def tau2_reward(
         if solo and call.name == DONE.name:  # LLMSoloAgent: the done call becomes a stop message
             messages.append(message.AssistantMessage(role="assistant", content="###STOP###"))
             break
-        tool_call = message.ToolCall(id=f"t{index}", name=call.name, arguments=copy.deepcopy(call.arguments))
-        messages.append(message.AssistantMessage(role="assistant", tool_calls=[tool_call]))
+        tool_call = message.ToolCall(
+            id=f"t{index}", name=call.name, arguments=copy.deepcopy(call.arguments), requestor=call.requestor
+        )
+        if call.requestor == USER:
+            messages.append(message.UserMessage(role="user", tool_calls=[tool_call]))
+        else:
+            messages.append(message.AssistantMessage(role="assistant", tool_calls=[tool_call]))
         response = env.get_response(tool_call)
         errors += response.error
         messages.append(response)
@@ -450,9 +565,10 @@ def outcome(
     """Score one trajectory both ways."""
     ours = served(url, pack, task, trajectory, prefix)
     tau2_id = task.metadata["tau2_id"]
-    theirs, info = tau2_reward(domain, tau2_id, trajectory, ours.ran)
+    solo = bool(task.metadata.get("tau2_solo"))
+    theirs, info = tau2_reward(domain, tau2_id, trajectory, ours.ran, solo=solo)
     crashed = isinstance(info, Exception)
-    unfiltered = tau2_reward(domain, tau2_id, trajectory)[0] if ours.refused else None
+    unfiltered = tau2_reward(domain, tau2_id, trajectory, solo=solo)[0] if ours.refused else None
     return Outcome(
         domain,
         task.id,

@@ -15,7 +15,7 @@
   record per DB field; each call runs in τ²'s own environment class over the world's
   copies (the whole domain is ~10 KB), then syncs, as τ²'s ``get_response`` does. User
   tools (the customer's phone) are served beside the agent's: τ²'s solo mode gives the
-  agent both.
+  agent both; in dual control the server runs them only for the simulated customer.
 
 The benchmark's code is imported, not copied: the tool functions, their schemas
 (``Tool.openai_schema``), their READ/WRITE types, the DB models, the environment classes

