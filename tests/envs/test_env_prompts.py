@@ -142,3 +142,41 @@ def test_the_taught_format_scores_full_and_a_wrong_call_scores_clearly_less(bank
         world, request = _trajectory(bank, task, wrong_calls)
         assert score(bank, task, world, request, mode="eval").score == 0.0, task.id
         assert right - score(bank, task, world, request, mode="train").score >= 0.2, task.id
+
+
+def test_multi_step_prompts_show_one_two_chained_and_three_call_solutions() -> None:
+    """``few_shot_rows(..., example_levels=[1, 2, 3, 4])``: every row shares one prefix whose
+    worked examples make 1, 2, 2 (the second using an id the first returned) and 3 calls, and
+    whose system text says a task may need several calls."""
+    from tools.data.env_prompts import MULTI_CALL_FORMAT, few_shot_rows
+    from tools.envs.procedural import world_module
+
+    p = pack(
+        world="bank",
+        seed=0,
+        tasks=60,
+        levels=[1, 2, 3],
+        distractors=len(world_module("bank").TOOLS),
+        toolset_extension=1.0,
+        parameter_expansion=0.0,
+    )
+    rows = build_rows(p, seed=0, test_fraction=0.2, levels=[1, 2, 3])
+    rows = few_shot_rows(p, rows, 4, [1, 2, 3], 0, example_levels=[1, 2, 3, 4], call_format=MULTI_CALL_FORMAT)
+    prompts = [r["prompt"] for split in ("train", "test") for r in rows[split]]
+    assert len({json.dumps(prompt[:-1]) for prompt in prompts}) == 1, "one shared prefix"
+    prefix = prompts[0][:-1]
+    assert MULTI_CALL_FORMAT in prefix[0]["content"] and "several calls" in prefix[0]["content"]
+    calls_per_example: list[int] = []
+    for message in prefix[1:]:
+        if message["role"] == "user":
+            calls_per_example.append(0)
+        elif "<tool_call>" in message["content"]:
+            calls_per_example[-1] += 1
+    assert calls_per_example == [1, 2, 2, 3]
+    # the chain (third example): the second call uses an account id only the first result shows
+    third = [i for i, m in enumerate(prefix) if m["role"] == "user"][2]
+    request, lookup, result, action = (m["content"] for m in prefix[third : third + 4])
+    used = json.loads(action.split("\n")[1])["arguments"]["account_id"]
+    assert used in result and used not in request and "find_accounts" in lookup
+    with pytest.raises(ValueError, match="shots must be the 4 example levels"):
+        few_shot_rows(p, rows, 3, [1, 2, 3], 0, example_levels=[1, 2, 3, 4])

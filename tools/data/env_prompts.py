@@ -14,7 +14,10 @@ says everything in text:
 
 Examples are chosen per task from a pool so that between them they show as many of the
 task's tools as they can (a 135M model copies a demonstrated call far better than it reads
-a schema), then by the pool's order. :func:`prompt_rows` rewrites the prompt of
+a schema), then by the pool's order. For tasks that need several calls,
+``few_shot_rows(..., example_levels=[1, 2, 3, 4])`` shows one example per level (one call; two
+calls; a chain whose second call uses the first one's output; three calls) and
+``MULTI_CALL_FORMAT`` says in words that a task may need several calls. :func:`prompt_rows` rewrites the prompt of
 ``tools.data.environments`` rows and keeps their ground truth and ``extra_info``.
 """
 
@@ -24,13 +27,31 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["build_env_prompt", "example_messages", "few_shot_rows", "prompt_rows", "tool_lines"]
+__all__ = [
+    "CALL_FORMAT",
+    "MULTI_CALL_FORMAT",
+    "build_env_prompt",
+    "example_messages",
+    "few_shot_rows",
+    "prompt_rows",
+    "tool_lines",
+]
 
 CALL_FORMAT = (
     "To call a tool, write:\n"
     '<tool_call>\n{"name": "TOOL", "arguments": {"ARG": "VALUE"}}\n</tool_call>\n'
     "The result comes back in the next message; make one call at a time. Then answer a question as "
     "<answer>ANSWER</answer>, or say Done. after a change."
+)
+# The same format, saying that a task may take several calls and that results feed later calls:
+# a 135M model that learned one call per task otherwise answers after the first result.
+MULTI_CALL_FORMAT = (
+    "To call a tool, write:\n"
+    '<tool_call>\n{"name": "TOOL", "arguments": {"ARG": "VALUE"}}\n</tool_call>\n'
+    "The result comes back in the next message. A task may need several calls: make them one at a "
+    "time, each in its own message, and use what a result tells you (an id, a balance) in the next "
+    "call. When every call the task needs is done, answer a question as <answer>ANSWER</answer>, "
+    "or say Done. after a change."
 )
 Chat = list[dict[str, Any]]
 
@@ -101,7 +122,9 @@ def _tools_used(chat: Sequence[Mapping[str, Any]]) -> set[str]:
     }
 
 
-def _choose(pool: Sequence[Chat], tools: set[str], shots: int) -> list[Chat]:
+def _choose(
+    pool: Sequence[Chat], tools: set[str], shots: int, pool_levels: Sequence[int] | None = None
+) -> list[Chat]:
     """``shots`` examples that between them show the most of ``tools``, shown in pool order.
 
     Greedy cover: each pick adds the most tools not shown yet, ties in pool order. A prompt listing all of a world's tools thus gets examples that use
@@ -110,14 +133,20 @@ def _choose(pool: Sequence[Chat], tools: set[str], shots: int) -> list[Chat]:
     used = [_tools_used(chat) & tools for chat in pool]
     chosen: list[int] = []
     shown: set[str] = set()
-    for _ in range(shots):
+    # ``pool_levels``: the level of each pool chat; then one chat per level, levels in order
+    wanted: list[int | None] = list(dict.fromkeys(pool_levels)) if pool_levels else [None] * shots
+    for level in wanted:
         best = min(
-            (i for i in range(len(pool)) if i not in chosen),
+            (
+                i
+                for i in range(len(pool))
+                if i not in chosen and (level is None or (pool_levels and pool_levels[i] == level))
+            ),
             key=lambda i: (-len(used[i] - shown), i),
         )
         chosen.append(best)
         shown |= used[best]
-    return [pool[i] for i in sorted(chosen)]
+    return [pool[i] for i in (chosen if pool_levels else sorted(chosen))]
 
 
 def build_env_prompt(
@@ -126,16 +155,24 @@ def build_env_prompt(
     task_prompt: Sequence[Mapping[str, Any]],
     examples: Sequence[Chat],
     shots: int = 2,
+    *,
+    call_format: str = CALL_FORMAT,
+    pool_levels: Sequence[int] | None = None,
 ) -> Chat:
-    """System (policy, tools, call format), ``shots`` worked examples from ``examples``, the task's turns."""
+    """System (policy, tools, call format), ``shots`` worked examples from ``examples``, the task's turns.
+
+    ``pool_levels``: the level of each of ``examples``; then one example per level is shown,
+    in level order (``shots`` must be the number of levels)."""
+    if pool_levels is not None and shots != len(set(pool_levels)):
+        raise ValueError(f"shots must be the {len(set(pool_levels))} example levels, got {shots}")
     if shots < 0 or shots > len(examples):
         raise ValueError(f"shots must be between 0 and the {len(examples)} examples given, got {shots}")
     turns = [dict(m) for m in task_prompt]
     system = [policy.strip()] if policy.strip() else []
     if turns and turns[0].get("role") == "system":
         system.append(str(turns.pop(0).get("content") or "").strip())
-    system += ["You have these tools:\n" + tool_lines(tools), CALL_FORMAT]
-    chosen = _choose(examples, {str(t["name"]) for t in tools}, shots)
+    system += ["You have these tools:\n" + tool_lines(tools), call_format]
+    chosen = _choose(examples, {str(t["name"]) for t in tools}, shots, pool_levels)
     return [
         {"role": "system", "content": "\n\n".join(system)},
         *(m for chat in chosen for m in example_messages(chat)),
@@ -149,12 +186,16 @@ def prompt_rows(
     task_prompts: Mapping[str, Sequence[Mapping[str, Any]]],
     examples: Sequence[Chat],
     shots: int = 2,
+    **options: Any,
 ) -> list[dict[str, Any]]:
-    """``tools.data.environments`` rows with few-shot text prompts (``task_prompts``: task id -> its chat)."""
+    """``tools.data.environments`` rows with few-shot text prompts (``task_prompts``: task id -> its chat;
+    ``options``: ``build_env_prompt``'s)."""
     out = []
     for row in rows:
         info = row["extra_info"]
-        prompt = build_env_prompt(policy, info["tools"], task_prompts[info["task"]], examples, shots)
+        prompt = build_env_prompt(
+            policy, info["tools"], task_prompts[info["task"]], examples, shots, **options
+        )
         out.append({**row, "prompt": prompt})
     return out
 
@@ -163,15 +204,34 @@ EXAMPLE_POOL = 8  # worked examples drawn beside the pack; each prompt shows the
 
 
 def few_shot_rows(
-    pack: Any, rows: Mapping[str, Sequence[Mapping[str, Any]]], shots: int, levels: Sequence[int], seed: int
+    pack: Any,
+    rows: Mapping[str, Sequence[Mapping[str, Any]]],
+    shots: int,
+    levels: Sequence[int],
+    seed: int,
+    *,
+    example_levels: Sequence[int] | None = None,
+    call_format: str = CALL_FORMAT,
 ) -> dict[str, list[dict[str, Any]]]:
     """``tools.data.environments`` rows per split with few-shot text prompts: worked examples
-    drawn beside a procedural pack's tasks (ValueError for any other pack)."""
+    drawn beside a procedural pack's tasks (ValueError for any other pack).
+
+    ``example_levels`` (e.g. ``[1, 2, 3, 4]``): one example of each of these levels, in order
+    (``shots`` must be their number), instead of ``shots`` examples of ``levels``."""
     from tools.envs.procedural.examples import worked_examples
 
-    pool = worked_examples(pack, count=max(EXAMPLE_POOL, shots), levels=sorted(levels), seed=seed)
+    if example_levels is None:
+        pool = worked_examples(pack, count=max(EXAMPLE_POOL, shots), levels=sorted(levels), seed=seed)
+        options: dict[str, Any] = {"call_format": call_format}
+    else:
+        drawn = sorted(set(example_levels))
+        count = EXAMPLE_POOL // len(drawn) * len(drawn) or len(drawn)
+        pool = worked_examples(pack, count=count, levels=drawn, seed=seed)
+        # worked_examples cycles through the levels: the i-th chat is of level drawn[i % len]
+        pool_levels = [drawn[i % len(drawn)] for i in range(len(pool))]
+        options = {"call_format": call_format, "pool_levels": pool_levels}
     prompts = {t.id: t.prompt for t in pack.tasks}
     return {
-        split: prompt_rows(split_rows, pack.policy, prompts, pool, shots)
+        split: prompt_rows(split_rows, pack.policy, prompts, pool, shots, **options)
         for split, split_rows in rows.items()
     }

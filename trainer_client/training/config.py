@@ -60,6 +60,8 @@ class GRPOConfig:
 
     clip_ratio: float = 0.2
     """PPO clip ratio"""
+    clip_ratio_high: float | None = None
+    """upper PPO clip ratio (DAPO's clip-higher, e.g. 0.28); unset: clip_ratio"""
     loss_agg_mode: str = "token-mean"
     """veRL agg_loss mode"""
     norm_adv_by_std: bool = True
@@ -141,6 +143,15 @@ class GRPOConfig:
     """write reward_curve.png at the end"""
     max_train_rows: int | None = None
     """use only the first N training rows"""
+    curriculum: bool = False
+    """draw each step's prompts by task level (a row's extra_info.level): the lowest level not yet
+    solved (the frontier) and, for review, the levels below it (trainer_client/training/curriculum.py)"""
+    curriculum_promote_at: float = 0.5
+    """move the curriculum's frontier up once its recent groups' mean success reaches this"""
+    curriculum_window: int = 8
+    """recent groups per level the curriculum reads (a promotion needs at least half of them)"""
+    curriculum_review: float = 0.25
+    """share of a step's prompts drawn from the levels below the curriculum's frontier"""
     max_minutes: float | None = None
     """stop training once the run is this old (then evaluate)"""
 
@@ -169,6 +180,17 @@ class GRPOConfig:
             raise ValueError("kl_coef and entropy_coeff must not be negative")
         if self.eval_every < 0 or self.save_every < 0:
             raise ValueError("eval_every and save_every must be >= 0 (0 disables)")
+        if self.clip_ratio_high is not None and self.clip_ratio_high < self.clip_ratio:
+            raise ValueError(
+                f"GRPOConfig.clip_ratio_high ({self.clip_ratio_high}) must be >= clip_ratio ({self.clip_ratio})"
+            )
+        if not 0.0 < self.curriculum_promote_at <= 1.0 or not 0.0 <= self.curriculum_review < 1.0:
+            raise ValueError(
+                "GRPOConfig.curriculum_promote_at must be in (0, 1] and curriculum_review in [0, 1), got "
+                f"{self.curriculum_promote_at} and {self.curriculum_review}"
+            )
+        if self.curriculum_window < 1:
+            raise ValueError(f"GRPOConfig.curriculum_window must be at least 1, got {self.curriculum_window}")
         if self.engine not in ("hf", "vllm"):
             raise ValueError(f"GRPOConfig.engine must be hf or vllm, got {self.engine!r}")
         if self.tool_schemas not in TOOL_SCHEMA_MODES:

@@ -19,7 +19,15 @@ whose ``train()`` is the loop. One step:
    AdamW step per rollout batch (on-policy: the old log-probs are the current ones
    detached, so the PPO ratio is 1 at the step).
 4. **Log, evaluate, save**: metrics as JSONL and TensorBoard, a held-out evaluation every
-   ``eval_every`` steps, a checkpoint every ``save_every`` steps (a rerun resumes).
+   ``eval_every`` steps, a checkpoint every ``save_every`` steps (a rerun resumes). A step's
+   record splits its time (``time/generate_s``, ``time/tools_s``, ``time/verify_s``,
+   ``time/rollout_other_s``: the rollout's wall time by what was in flight, ``PhaseClock``;
+   then ``time/update_s``) and gives reward and success per problem kind or environment
+   level (``success/<kind>``, ``reward_of/<kind>``, ``prompts/<kind>``).
+
+With ``curriculum`` the prompts are drawn by task level (``training/curriculum.py``): from
+the lowest level the model does not yet solve, plus a review share of the levels below;
+its frontier and each level's recent success are logged as ``curriculum/...``.
 
 Speed lives elsewhere: the prompt prefix all rows share (system text, worked examples)
 is computed once per step by the generator (``backends.hf_prefix``) and by the log-prob
@@ -29,6 +37,7 @@ computation (``logprobs``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import logging
@@ -36,7 +45,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -63,9 +72,18 @@ from trainer_client.rollout.summary import (
 from trainer_client.templates.render import openai_tool_schemas, prompt_tools
 from trainer_client.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer_client.training.config import GRPOConfig
+from trainer_client.training.curriculum import LevelCurriculum
 from trainer_client.training.logprobs import response_logprobs, shared_prefix
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "RolloutBatch", "grpo_advantages", "policy_loss_terms"]
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "PhaseClock",
+    "RolloutBatch",
+    "grpo_advantages",
+    "per_kind_stats",
+    "policy_loss_terms",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +201,7 @@ def actor_loss_config(config: GRPOConfig, *, batch_num_tokens: int, global_batch
         ppo_micro_batch_size_per_gpu=config.micro_batch_size,
         clip_ratio=config.clip_ratio,
         clip_ratio_low=config.clip_ratio,
-        clip_ratio_high=config.clip_ratio,
+        clip_ratio_high=config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high,
         loss_agg_mode=config.loss_agg_mode,
         entropy_coeff=config.entropy_coeff,
         use_kl_loss=config.kl_coef > 0,
@@ -242,6 +260,78 @@ def policy_loss_terms(
     return loss, metrics
 
 
+# --------------------------------------------------------------------------- where a step's time goes
+
+PHASES = ("generate", "tools", "verify")  # by priority: while one is in flight, the time is its
+
+
+class PhaseClock:
+    """A step's rollout wall time split by what was in flight: generation, else tool calls
+    (and session binding/release), else verification; ``other`` is the rest (parsing,
+    splicing, the event loop). Trajectories overlap, so per-trajectory sums would count the
+    same second many times; this split adds up to the rollout's wall time."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.busy = dict.fromkeys(PHASES, 0)
+        self.seconds = dict.fromkeys((*PHASES, "other"), 0.0)
+        self._since = time.perf_counter()
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        phase = next((p for p in PHASES if self.busy[p]), "other")
+        self.seconds[phase] += now - self._since
+        self._since = now
+
+    @contextlib.contextmanager
+    def _in(self, phase: str) -> Iterator[None]:
+        self._tick()
+        self.busy[phase] += 1
+        try:
+            yield
+        finally:
+            self._tick()
+            self.busy[phase] -= 1
+
+    async def timed(self, phase: str, awaitable: Awaitable[Any]) -> Any:
+        with self._in(phase):
+            return await awaitable
+
+    def split(self) -> dict[str, float]:
+        """Seconds per phase since ``reset``."""
+        self._tick()
+        return dict(self.seconds)
+
+
+class _Timed:
+    """A generator or tool client whose named coroutine methods count towards a ``PhaseClock``
+    phase; every other attribute is the wrapped object's."""
+
+    def __init__(self, inner: Any, clock: PhaseClock, phases: dict[str, str]) -> None:
+        self._inner, self._clock, self._phases = inner, clock, phases
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._inner, name)
+        phase = self._phases.get(name)
+        if phase is None:
+            return attribute
+
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            return await self._clock.timed(phase, attribute(*args, **kwargs))
+
+        return timed
+
+
+INVOKER_PHASES = {
+    "call_tools": "tools",
+    "create_session": "tools",
+    "release_session": "tools",
+    "verify": "verify",
+}
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -252,6 +342,22 @@ def _kind(task: Task | None) -> str:
     if metadata.get("kind"):
         return str(metadata["kind"])
     return f"level_{metadata['level']}" if metadata.get("level") is not None else "all"
+
+
+def per_kind_stats(trajectories: Sequence[Trajectory], threshold: float, group_size: int) -> dict[str, float]:
+    """Reward, success and prompt count per problem kind or environment level of a step
+    (``success/<kind>``, ``reward_of/<kind>``, ``prompts/<kind>``); none for untagged rows."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for t in trajectories:
+        by_kind[_kind(t.task)].append(float(t.reward_score or 0.0))
+    out: dict[str, float] = {}
+    for kind, rewards in sorted(by_kind.items()):
+        if kind == "all":
+            continue
+        out[f"success/{kind}"] = sum(r >= threshold for r in rewards) / len(rewards)
+        out[f"reward_of/{kind}"] = sum(rewards) / len(rewards)
+        out[f"prompts/{kind}"] = float(len(rewards) // max(1, group_size))
+    return out
 
 
 class GRPOTrainer:
@@ -311,6 +417,7 @@ class GRPOTrainer:
             )
         self._owns_invoker = invoker is None
         self.invoker = invoker if invoker is not None else ToolClient(cfg.server, toolset=cfg.toolset)
+        self.clock = PhaseClock()
         self.train_core = self._core(cfg.rollout_config())
         self.eval_core = self._core(cfg.rollout_config(eval_mode=True))
         self.greedy_core = (
@@ -322,6 +429,9 @@ class GRPOTrainer:
 
         self.step, self.epoch, self.cursor = 0, 0, 0  # cursor: position in the shuffled training order
         self.order: list[int] = []
+        self.curriculum = self._curriculum() if cfg.curriculum else None
+        self.level_cursors: dict[int, int] = {}  # curriculum: position in each level's shuffled order
+        self.level_epochs: dict[int, int] = {}
         self.log = RunLog(self.out_dir, tensorboard=cfg.tensorboard)
         if cfg.resume:
             self._resume()
@@ -330,7 +440,29 @@ class GRPOTrainer:
         (self.out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
 
     def _core(self, rollout: RolloutConfig) -> RolloutCore:
-        return RolloutCore(self.tokenizer, self.generator, self.invoker, rollout, verifier=self.invoker)
+        generator = _Timed(self.generator, self.clock, {"generate": "generate"})
+        invoker = _Timed(self.invoker, self.clock, INVOKER_PHASES)
+        return RolloutCore(self.tokenizer, generator, invoker, rollout, verifier=invoker)
+
+    def _curriculum(self) -> LevelCurriculum:
+        cfg = self.config
+        levels = [t.metadata.get("level") for t in self.train_tasks]
+        missing = sum(level is None for level in levels)
+        if missing:
+            raise ValueError(
+                f"curriculum needs every training row's extra_info.level, and {missing} of {len(levels)} "
+                "rows have none: build environment rows with python -m tools.data build --tasks env:..., "
+                "or train without --curriculum"
+            )
+        self.tasks_of_level: dict[int, list[int]] = defaultdict(list)
+        for index, level in enumerate(levels):
+            self.tasks_of_level[int(level)].append(index)
+        return LevelCurriculum(
+            self.tasks_of_level,
+            promote_at=cfg.curriculum_promote_at,
+            window=cfg.curriculum_window,
+            review=cfg.curriculum_review,
+        )
 
     # ------------------------------------------------------------------ the loop
 
@@ -372,14 +504,16 @@ class GRPOTrainer:
         """One step: sample prompts, roll out each group, advantages, one update; returns the logged record."""
         cfg = self.config
         await self._show_tools()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         sync_s = await self._sync_engine()
         prompts = self._next_prompts()
         tasks = [p for p in prompts for _ in range(cfg.group_size)]
         group_index = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
         self.model.eval()
         self.generator.clear_prefix_cache()
+        self.clock.reset()
         trajectories = await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
+        phases = self.clock.split()
         rollout_s = time.perf_counter() - t0 - sync_s
 
         batch = RolloutBatch.build(trajectories, group_index)
@@ -388,6 +522,11 @@ class GRPOTrainer:
         update = await asyncio.to_thread(self.update, batch, advantages)
         update_s = time.perf_counter() - t1
         self.step += 1
+        if self.curriculum is not None:
+            for g, prompt in enumerate(prompts):
+                group = trajectories[g * cfg.group_size : (g + 1) * cfg.group_size]
+                successes = [(t.reward_score or 0.0) >= cfg.success_threshold for t in group]
+                self.curriculum.observe(int(prompt.metadata["level"]), successes, step=self.step)
 
         generated = sum(sum(t.response_mask) for t in trajectories)
         calls = sum(t.metrics.get("calls", 0) for t in trajectories)
@@ -395,13 +534,23 @@ class GRPOTrainer:
             "train",
             **trajectory_stats(trajectories, cfg.success_threshold),
             **update,
+            **per_kind_stats(trajectories, cfg.success_threshold, cfg.group_size),
+            **(self.curriculum.metrics() if self.curriculum is not None else {}),
             groups_with_signal=batch.groups_with_signal(),
             rollout_tokens_per_s=generated / rollout_s if rollout_s > 0 else 0.0,
             tool_calls_per_s=calls / rollout_s if rollout_s > 0 else 0.0,
             **{
                 "time/rollout_s": rollout_s,
+                # the rollout's wall time by what was in flight (PhaseClock), then the update
+                "time/generate_s": phases["generate"],
+                "time/tools_s": phases["tools"],
+                "time/verify_s": phases["verify"],
+                "time/rollout_other_s": phases["other"],
                 "time/update_s": update_s,
                 "time/step_s": time.perf_counter() - t0,
+                # CPU seconds of this process (all its threads): the cost on a shared machine,
+                # where wall time depends on what else runs
+                "time/cpu_s": time.process_time() - cpu0,
                 **({"time/weight_sync_s": sync_s} if cfg.engine == "vllm" else {}),
             },
             lr=self.optimizer.param_groups[0]["lr"],
@@ -419,7 +568,7 @@ class GRPOTrainer:
         needs_all_rows = self.ref_model is not None or cfg.entropy_coeff > 0
         active = [i for i, signal in enumerate(batch.has_signal) if signal or needs_all_rows]
         rows = [batch.trajectories[i] for i in active]
-        mask = batch.response_mask
+        mask, advantages = batch.response_mask.to(self.model.device), advantages.to(self.model.device)
         actor_cfg = actor_loss_config(
             cfg, batch_num_tokens=int(mask.sum().item()), global_batch_size=len(batch.trajectories)
         )
@@ -585,6 +734,12 @@ class GRPOTrainer:
         self.cursor = 0
 
     def _next_prompts(self) -> list[Task]:
+        if self.curriculum is not None:
+            rng = random.Random(f"{self.config.seed}:curriculum:{self.step}")  # the same after a resume
+            return [
+                self._next_of_level(level)
+                for level in self.curriculum.levels_for_step(self.config.prompts_per_step, rng)
+            ]
         chosen: list[Task] = []
         while len(chosen) < self.config.prompts_per_step:
             if self.cursor >= len(self.order):
@@ -593,6 +748,18 @@ class GRPOTrainer:
             chosen.append(self.train_tasks[self.order[self.cursor]])
             self.cursor += 1
         return chosen
+
+    def _next_of_level(self, level: int) -> Task:
+        """The next task of ``level`` in that level's own shuffled order (reshuffled each pass)."""
+        indices = self.tasks_of_level[level]
+        cursor = self.level_cursors.get(level, 0)
+        if cursor >= len(indices):
+            self.level_epochs[level] = self.level_epochs.get(level, 0) + 1
+            cursor = 0
+        order = list(indices)
+        random.Random(f"{self.config.seed}:level:{level}:{self.level_epochs.get(level, 0)}").shuffle(order)
+        self.level_cursors[level] = cursor + 1
+        return self.train_tasks[order[cursor]]
 
     def elapsed_s(self) -> float:
         """Wall time of the run so far, resumed processes included."""
@@ -623,6 +790,12 @@ class GRPOTrainer:
             "python_rng": random.getstate(),
             "elapsed_s": self.elapsed_s(),
         }
+        if self.curriculum is not None:
+            state["curriculum"] = {
+                **self.curriculum.state_dict(),
+                "cursors": dict(self.level_cursors),
+                "epochs": dict(self.level_epochs),
+            }
         return save_checkpoint(
             self.out_dir,
             self.step,
@@ -643,4 +816,9 @@ class GRPOTrainer:
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
         self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
+        if self.curriculum is not None and "curriculum" in state:
+            saved = state["curriculum"]
+            self.curriculum.load_state_dict(saved)
+            self.level_cursors = {int(k): int(v) for k, v in saved.get("cursors", {}).items()}
+            self.level_epochs = {int(k): int(v) for k, v in saved.get("epochs", {}).items()}
         logger.info("resumed from %s at step %d", path, self.step)

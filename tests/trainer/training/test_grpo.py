@@ -309,6 +309,7 @@ def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedPr
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.timeout(1800)  # three trainer processes, each loading the model, on a loaded machine
 def test_train_two_steps_then_resume(tmp_path: Path) -> None:
     from tools.data import arithmetic, write_parquet
 
@@ -381,3 +382,64 @@ def test_held_out_success_is_grouped_by_kind_or_environment_level() -> None:
         "multiply",
         "all",
     ]
+
+
+@pytest.mark.timeout(1200)  # a model load and a step of generation, beside whatever else the machine runs
+def test_one_curriculum_step_on_an_environment_logs_the_time_split_and_levels(tmp_path: Path) -> None:
+    """One step of ``trainer-client train --curriculum`` on a procedural bank pack (levels 1-3):
+    the step's record splits its time (generate / tools / verify / update), reports reward and
+    success per level, and the curriculum drew every prompt from its first level."""
+    from tools.data import write_parquet
+    from tools.data.env_prompts import MULTI_CALL_FORMAT, few_shot_rows
+    from tools.data.environments import build_rows
+    from tools.envs.procedural import pack
+
+    arguments = {"world": "bank", "seed": 0, "tasks": 30, "levels": [1, 2, 3], "parameter_expansion": 0.0}
+    p = pack(**arguments)
+    rows = build_rows(p, seed=0, test_fraction=0.1, levels=[1, 2, 3])
+    rows = few_shot_rows(p, rows, 3, [1, 2, 3], 0, example_levels=[1, 2, 3], call_format=MULTI_CALL_FORMAT)
+    data = write_parquet(rows["train"], tmp_path / "train.parquet")
+    config = server_config(environments=[{"source": "tools.envs.procedural:pack", "arguments": arguments}])
+    out = tmp_path / "run"
+    command = [
+        sys.executable, "-m", "trainer_client.cli.command", "train",
+        "--train-data", str(data),
+        "--toolset", p.id,
+        "--tool-schemas", "none",
+        "--out-dir", str(out),
+        "--steps", "1",
+        "--prompts-per-step", "2",
+        "--group-size", "2",
+        "--max-turns", "3",
+        "--max-tokens-per-turn", "40",
+        "--response-length", "160",
+        "--temperature", "0.7",
+        "--verifier", "tool_use",
+        "--curriculum",
+        "--save-every", "0",
+        "--threads", "1",
+        "--no-tensorboard",
+        "--no-plot",
+    ]  # fmt: skip
+    with running_server(config) as server:
+        done = subprocess.run(
+            [*command, "--server", server.url],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=1100,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert record["split"] == "train" and record["step"] == 1
+    phases = ["time/generate_s", "time/tools_s", "time/verify_s", "time/rollout_other_s"]
+    for key in [*phases, "time/update_s", "time/rollout_s", "time/cpu_s"]:
+        assert record[key] >= 0, key
+    assert record["time/generate_s"] > 0 and record["time/verify_s"] > 0
+    # the phases partition the rollout's wall time (none is counted twice)
+    assert sum(record[k] for k in phases) <= record["time/rollout_s"] * 1.01 + 0.1
+    assert record["prompts/level_1"] == 2 and "prompts/level_2" not in record
+    assert 0.0 <= record["success/level_1"] <= 1.0 and "reward_of/level_1" in record
+    assert record["curriculum/frontier"] in (1.0, 2.0)
+    assert "curriculum/window_success/level_1" in record

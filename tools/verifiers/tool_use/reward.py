@@ -19,7 +19,10 @@ Components (floats in [0, 1] unless marked as a count):
 - ``matched``: share of gold calls matched by a call with agreeing arguments
   (``values``: BFCL-style normalisation) that succeeded — or failed, for a gold
   call that fails in the gold replay too (τ² has lookups that are expected to fail) —
-  one to one, in dependency order (``match``: an exact search, not a greedy guess).
+  one to one, in dependency order (``match``: an exact search, not a greedy guess). A read
+  (a tool without ``writes``) repeated with the same arguments stands for no further gold
+  call than the gold has copies of it: a repeated search, whose words are not compared,
+  does not solve a second lookup.
 - FTRL's outcome measures (Ye et al. 2025, arXiv 2508.08791), with S = solved sub-goals
   (gold calls matched by a call whose output equals ``GoldCall.output`` when that is
   set), N = calls made, G = gold calls: ``precision`` = S/N, ``completeness`` = S/G,
@@ -66,9 +69,11 @@ every finer component above stays as it is (for training, or to read beside the 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import weakref
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,18 +109,23 @@ COMPONENTS = (
 )
 NOT_BASIS = frozenset(("extra_calls", "failed_calls", "penalty"))  # counts, and a cost
 
-# Train weights: the outcome (f1, completeness, state, answer) carries most of the
-# reward; format and schema validity are small shaping terms that stop mattering once
-# learned; the penalty takes up to 0.2 off for spraying or failing calls. The positive
-# weights sum to 1, so a perfect trajectory scores exactly 1.0.
+# Train weights. Per-call credit carries most of the reward: each solved gold call pays
+# completeness/G, f1 keeps extra calls from paying, calls is the bonus for all of them;
+# the answer and what is said pay less than one right call, so a bare guess (no call, a
+# lucky answer) never earns as much as the right first call, and a repeated call earns
+# nothing (a repeated read stands for no gold call, see _candidates) and costs the penalty.
+# Format and schema pay 0 for no attempt on a task that needs calls, so a failed call with
+# the same reply scores at least the guess. The positive weights sum to 1, so a perfect
+# trajectory scores exactly 1.0 (tests/verifiers/test_tool_use_shortcuts.py checks the ranking).
 DEFAULT_WEIGHTS: dict[str, float] = {
     "format": 0.05,
     "schema": 0.05,
-    "f1": 0.3,
-    "completeness": 0.1,
+    "completeness": 0.25,
+    "f1": 0.15,
+    "calls": 0.1,
     "state": 0.1,
-    "state_fraction": 0.1,
-    "answer": 0.2,
+    "state_fraction": 0.05,
+    "answer": 0.15,
     "communicate": 0.1,
     "penalty": -0.2,
 }
@@ -151,6 +161,8 @@ class _TaskView:
     gold_world: World | None = None
     gold_fails: list[bool] = field(default_factory=list)  # gold calls that fail in the replay too
     gold_changed: frozenset[tuple[str, str]] | None = None
+    # (tool, canonical arguments) -> how many gold calls are exactly that call (see _candidates)
+    gold_copies: Counter[tuple[str, bytes]] = field(default_factory=Counter)
 
 
 @dataclass
@@ -198,6 +210,9 @@ def _task_view(view: _PackView, pack: Pack, task: EnvTask) -> _TaskView:
         communicate=[normalize_answer(s) for s in task.gold.communicate],
     )
     cached.probes = _probes(view, golds, by_name)
+    for call in golds:
+        with contextlib.suppress(TypeError):
+            cached.gold_copies[_call_key(call.name, call.arguments)] += 1
     view.tasks[task.id] = cached
     return cached
 
@@ -345,6 +360,11 @@ def _answer_matches(answer: str, gold: str) -> bool:
 # --------------------------------------------------------------------------- the components
 
 
+def _call_key(name: str, arguments: Any) -> tuple[str, bytes]:
+    """A call's identity: its tool and its arguments as canonical JSON (TypeError if not JSON)."""
+    return name, orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+
+
 def _call_facts(
     view: _PackView, task_view: _TaskView, call: CallRecord
 ) -> tuple[str | None, tuple[int, ...]]:
@@ -355,7 +375,7 @@ def _call_facts(
     epochs of a run) repeat the same calls, and this is most of the reward's work.
     """
     try:
-        key = (call.name, orjson.dumps(call.arguments, option=orjson.OPT_SORT_KEYS))
+        key = _call_key(call.name, call.arguments)
     except TypeError:  # arguments that are not JSON (only a direct Python caller can send them)
         return _decide(view, task_view, call)
     facts = task_view.facts.get(key)
@@ -397,12 +417,32 @@ def _decide(view: _PackView, task_view: _TaskView, call: CallRecord) -> tuple[st
 
 
 def _candidates(
-    task_view: _TaskView, calls: Sequence[CallRecord], facts: Sequence[tuple[str | None, tuple[int, ...]]]
+    view: _PackView,
+    task_view: _TaskView,
+    calls: Sequence[CallRecord],
+    facts: Sequence[tuple[str | None, tuple[int, ...]]],
 ) -> list[list[Candidate]]:
-    """For each gold call, the successful calls that may stand for it (and whether they solve it)."""
+    """For each gold call, the successful calls that may stand for it (and whether they solve it).
+
+    A read (a tool that does not write) repeated with the same arguments learns nothing new,
+    so its repeats beyond the gold's own copies of that exact call stand for no gold call:
+    else a repeated search, whose free-text words are not compared, would solve a second
+    lookup it never made (a shortcut a GRPO group learns at once).
+    """
     out: list[list[Candidate]] = [[] for _ in task_view.golds]
     fails = task_view.gold_fails
+    seen: Counter[tuple[str, bytes]] = Counter()
     for index, (call, (_, golds)) in enumerate(zip(calls, facts, strict=True)):
+        tool = view.tools.get(call.name)
+        if golds and tool is not None and not tool.writes:
+            try:
+                key = _call_key(call.name, call.arguments)
+            except TypeError:
+                key = None
+            if key is not None:
+                seen[key] += 1
+                if seen[key] > max(1, task_view.gold_copies[key]):
+                    continue  # a repeat: an extra call
         failed = call.error is not None
         for g in golds:
             if failed != fails[g]:
@@ -542,7 +582,7 @@ def score(
     ]
     schema_score = (len(calls) - len(schema_problems)) / n_made if n_made else no_calls
 
-    matching = match_calls(_candidates(task_view, calls, facts), task_view.deps)
+    matching = match_calls(_candidates(view, task_view, calls, facts), task_view.deps)
     matches: dict[str, int] = {}
     unmatched: list[dict[str, Any]] = []
     not_solved: list[dict[str, Any]] = []

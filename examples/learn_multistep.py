@@ -1,0 +1,265 @@
+"""The multi-step learning run: GRPO teaches SmolLM2-135M tasks that need one, two or chained calls.
+
+    .venv/bin/python examples/learn_multistep.py --max-minutes 60 --publish learn_multistep  # the full run
+    .venv/bin/python examples/learn_multistep.py --pilot                                     # 3 steps
+    .venv/bin/python examples/learn_multistep.py --engine vllm ...          # rollouts on vLLM (.venv-vllm)
+
+What it does (issue 29; examples/learn_environment.py is the one-call run it extends):
+
+1. builds a procedural bank pack at levels 1-3 (one call; two independent calls; a chain
+   whose second call uses the first one's output) and its rows as ``python -m tools.data
+   build --tasks env:...`` does; the prompt is the shared few-shot text prefix of
+   ``tools.data.env_prompts`` with ``MULTI_CALL_FORMAT`` (a task may need several calls,
+   results feed the next call) and one worked example per level 1-4 (one, two, a chain of
+   two, and three calls);
+2. serves the pack with ``tool-server serve`` on a free port;
+3. runs ``trainer-client train --curriculum`` (printed first): prompts drawn by level, from
+   the lowest level whose groups do not yet succeed (``--promote-at``) and, for review, the
+   levels below; reward ``tool_use`` in train mode with the verifier's default weights
+   (per-call credit; no shortcut pays, tests/verifiers/test_tool_use_shortcuts.py);
+   held-out success ``tool_use`` eval mode == 1.0, overall and per level;
+4. with ``--publish NAME``: ``examples/results/NAME.json`` (the run's summary, per-level
+   curves, the mean step time split, the command) and ``NAME.png`` (held-out success per
+   level, training success per level and the curriculum's frontier).
+
+The seed fixes the pack, the split, the examples, the data order and the sampling: a rerun
+of the first steps gives the same baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "examples"))
+
+from _run import (  # noqa: E402
+    RESULTS,
+    add_schedule_options,
+    exit_on_sigterm,
+    main_interruptible,
+    parse_schedule,
+    publish,
+    run_trainer,
+    schedule_flags,
+    tool_server,
+)
+
+from tools.data import write_parquet  # noqa: E402
+from tools.data.env_prompts import MULTI_CALL_FORMAT, few_shot_rows  # noqa: E402
+from tools.data.environments import build_rows  # noqa: E402
+from tools.envs.procedural import pack, world_module  # noqa: E402
+
+SOURCE = "tools.envs.procedural:pack"
+LEVELS = [1, 2, 3]
+EXAMPLE_LEVELS = [1, 2, 3, 4]  # one worked example each: 1, 2, 2 chained and 3 calls
+
+
+def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
+    """The pack's arguments (the server builds the same pack, same id, from them).
+
+    Every task exposes every tool (one shared prompt prefix, computed once per batch);
+    no optional arguments in gold calls (parameter_expansion 0), as in learn_environment.
+    """
+    return {
+        "world": args.world,
+        "seed": args.seed,
+        "tasks": args.tasks,
+        "levels": LEVELS,
+        "distractors": len(world_module(args.world).TOOLS),
+        "toolset_extension": 1.0,
+        "parameter_expansion": 0.0,
+    }
+
+
+def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
+    """The pack id and the train/test parquet files (few-shot text prompts)."""
+    p = pack(**pack_arguments(args))
+    rows = build_rows(p, seed=args.seed, test_fraction=args.test_fraction, levels=LEVELS)
+    rows = few_shot_rows(
+        p,
+        rows,
+        len(EXAMPLE_LEVELS),
+        LEVELS,
+        args.seed,
+        example_levels=EXAMPLE_LEVELS,
+        call_format=MULTI_CALL_FORMAT,
+    )
+    # held out: up to eval_size / 3 tasks of each level (the first ones of the test split)
+    per_level = max(1, args.eval_size // len(LEVELS))
+    test = [
+        row
+        for level in LEVELS
+        for row in [r for r in rows["test"] if r["extra_info"]["level"] == level][:per_level]
+    ]
+    train = write_parquet(rows["train"], args.out / "data" / "train.parquet")
+    held_out = write_parquet(test, args.out / "data" / "test.parquet")
+    return p.id, train, held_out
+
+
+def server_config(args: argparse.Namespace) -> dict[str, object]:
+    return {
+        "server": {"shutdown_grace_s": 2, "log_level": "warning"},
+        "environments": [{"source": SOURCE, "arguments": pack_arguments(args)}],
+    }
+
+
+def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
+    """The ``trainer-client train`` arguments of this run."""
+    reward: dict[str, Any] = {"mode": "train"}
+    if args.weights:
+        reward["weights"] = json.loads(args.weights)
+    argv = [
+        "train",
+        "--server", url,
+        "--train-data", str(train),
+        "--eval-data", str(test),
+        "--toolset", pack_id,
+        "--format", "hermes",
+        "--tool-schemas", "none",
+        "--max-turns", str(args.max_turns),
+        "--max-calls-per-turn", "4",
+        "--max-tokens-per-turn", "96",
+        "--response-length", "448",
+        "--max-obs-tokens", "128",
+        "--verifier", "tool_use",
+        "--verifier-args", json.dumps(reward),
+        "--eval-verifier", "tool_use",
+        "--eval-verifier-args", json.dumps({"mode": "eval"}),
+        *schedule_flags(args),
+    ]  # fmt: skip
+    if not args.sampled_eval:  # held out greedily only: one evaluation per checkpoint instead of two
+        argv += ["--eval-temperature", "0", "--no-greedy-eval"]
+    if args.curriculum:
+        argv += [
+            "--curriculum",
+            "--curriculum-promote-at", str(args.promote_at),
+            "--curriculum-window", str(args.window),
+            "--curriculum-review", str(args.review),
+        ]  # fmt: skip
+    if args.clip_ratio_high is not None:
+        argv += ["--clip-ratio-high", str(args.clip_ratio_high)]
+    return argv
+
+
+# --------------------------------------------------------------------------- per-level results
+
+
+def level_curves(metrics: Path) -> dict[str, Any]:
+    """Per-level curves of a run's metrics.jsonl: held-out (sampled, greedy) and training success
+    per level, the curriculum's frontier, and the mean step time split."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    out: dict[str, Any] = {}
+    for split in ("eval", "eval_greedy", "train"):
+        curves: dict[str, list[list[float]]] = {}
+        for r in (r for r in records if r.get("split") == split):
+            for key, value in r.items():
+                if key.startswith("success/level_"):
+                    curves.setdefault(key.split("/", 1)[1], []).append([r["step"], value])
+        out[split] = curves
+    evals = [r for r in records if r.get("split") == "eval"]
+    out["eval_temperature"] = evals[-1].get("temperature", 0.0) if evals else None
+    train = [r for r in records if r.get("split") == "train"]
+    out["frontier"] = [[r["step"], r["curriculum/frontier"]] for r in train if "curriculum/frontier" in r]
+    keys = ("generate_s", "tools_s", "verify_s", "rollout_other_s", "update_s", "step_s", "cpu_s")
+    out["mean_time_split_s"] = {
+        k: round(sum(r.get(f"time/{k}", 0.0) for r in train) / len(train), 1) for k in keys if train
+    }
+    return out
+
+
+def plot_levels(curves: dict[str, Any], png: Path) -> None:
+    """Held-out success per level (sampled: solid, greedy: dashed) and training success per level
+    with the curriculum's frontier, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (held, trained) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    colors = {
+        f"level_{level}": c for level, c in zip(LEVELS, ("tab:blue", "tab:orange", "tab:green"), strict=True)
+    }
+    sampled = f"T={curves['eval_temperature']:g}" if curves["eval_temperature"] else "greedy"
+    for split, style in (("eval", "o-"), ("eval_greedy", "s--")):
+        for level, points in sorted(curves[split].items()):
+            label = f"{level} ({'greedy' if split == 'eval_greedy' else sampled})"
+            held.plot(*zip(*points, strict=True), style, color=colors.get(level), label=label)
+    held.set_title("held-out success per level")
+    for level, points in sorted(curves["train"].items()):
+        trained.plot(*zip(*points, strict=True), ".-", color=colors.get(level), alpha=0.7, label=level)
+    if curves["frontier"]:
+        frontier = trained.twinx()
+        frontier.step(*zip(*curves["frontier"], strict=True), where="post", color="black", label="frontier")
+        frontier.set_ylabel("curriculum frontier (level)")
+        frontier.set_ylim(0.5, len(LEVELS) + 0.5)
+        frontier.legend(loc="upper right")
+    trained.set_title("training success per level (group mean)")
+    for ax in (held, trained):
+        ax.set_xlabel("GRPO step")
+        ax.set_ylabel("success rate")
+        ax.set_ylim(-0.02, 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+
+
+def publish_levels(out: Path, name: str, command: list[str]) -> None:
+    """``_run.publish`` (summary JSON, reward plot), then the per-level curves added to the JSON and
+    the per-level plot as NAME.png."""
+    publish(out, name)
+    curves = level_curves(out / "metrics.jsonl")
+    path = RESULTS / f"{name}.json"
+    summary = json.loads(path.read_text())
+    summary["per_level"] = curves
+    summary["command"] = " ".join(command)
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    plot_levels(curves, RESULTS / f"{name}.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_schedule_options(
+        parser, out="learn_multistep", temperature=0.5, eval_size=45, eval_every=0, threads=1
+    )
+    parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
+    parser.add_argument("--tasks", type=int, default=360, help="tasks in the pack (levels 1-3, a third each)")
+    parser.add_argument("--test-fraction", type=float, default=0.15)
+    parser.add_argument("--max-turns", type=int, default=5, help="assistant turns (a level-3 task takes 3)")
+    parser.add_argument("--no-curriculum", dest="curriculum", action="store_false", help="mix all levels")
+    parser.add_argument(
+        "--promote-at", type=float, default=0.5, help="curriculum: success that moves a level up"
+    )
+    parser.add_argument("--window", type=int, default=8, help="curriculum: recent groups per level it reads")
+    parser.add_argument(
+        "--review", type=float, default=0.25, help="curriculum: share of prompts below the frontier"
+    )
+    parser.add_argument(
+        "--sampled-eval", action="store_true", help="also evaluate at --temperature (default: greedy only)"
+    )
+    parser.add_argument("--clip-ratio-high", type=float, default=None, help="DAPO clip-higher (e.g. 0.28)")
+    parser.add_argument(
+        "--weights", default=None, help="tool_use train weights as JSON (default: the verifier's)"
+    )
+    args = parse_schedule(parser, argv)
+    pack_id, train, test = build_data(args)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    exit_on_sigterm()
+    with tool_server(args.out, server_config(args)) as url:
+        command = train_argv(args, url, pack_id, train, test)
+        code = run_trainer(command)
+    if code == 0 and args.publish:
+        publish_levels(args.out, args.publish, [sys.executable, *sys.argv])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main_interruptible(main))
