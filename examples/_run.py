@@ -1,7 +1,9 @@
-"""What the learning-run scripts share: a tool server for the run, the printed command, the
-published figures.
+"""What the learning-run scripts share: their options, a tool server for the run, the printed
+command, what is happening (on stderr, from the first second), the published figures.
 
-    with tool_server(out, SERVER_CONFIG) as url:
+    say("building the data ...")
+    with tool_server(out, SERVER_CONFIG, args.port) as url:
+        say_plan(args)
         code = run_trainer(argv)
     publish(out, "learn_something")
 """
@@ -28,6 +30,18 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "examples" / "results"
 
 
+_STARTED = time.monotonic()
+
+
+class ExampleError(RuntimeError):
+    """What stops a learning run before training, said to the user (``main_interruptible``)."""
+
+
+def say(message: str) -> None:
+    """One line on stderr: seconds since the script started, then what is happening."""
+    print(f"[{time.monotonic() - _STARTED:5.0f} s] {message}", file=sys.stderr, flush=True)
+
+
 def add_schedule_options(
     parser: argparse.ArgumentParser,
     *,
@@ -36,9 +50,18 @@ def add_schedule_options(
     eval_size: int,
     eval_every: int,
     threads: int,
+    eval_samples: int = 1,
+    max_minutes: float | None = None,
 ) -> argparse.ArgumentParser:
-    """The options every learning run has (the defaults that differ are arguments)."""
+    """The options every learning run has (the defaults that differ are arguments: a script
+    sets them to the flags of its published run, so that it reproduces that run as it is)."""
     parser.add_argument("--out", type=Path, default=REPO / "runs" / out)
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="the tool server's port (default: a free one, printed at the start)",
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--prompts-per-step", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=6)
@@ -47,7 +70,7 @@ def add_schedule_options(
     parser.add_argument(
         "--temperature", type=float, default=temperature, help="training and held-out sampling"
     )
-    parser.add_argument("--eval-samples", type=int, default=1, help="samples per held-out problem")
+    parser.add_argument("--eval-samples", type=int, default=eval_samples, help="samples per held-out problem")
     parser.add_argument("--eval-size", type=int, default=eval_size)
     parser.add_argument("--eval-every", type=int, default=eval_every, help="0: at the start and the end only")
     parser.add_argument("--save-every", type=int, default=5)
@@ -59,7 +82,12 @@ def add_schedule_options(
         help="rollouts on hf (in process) or vllm (.venv-vllm)",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-minutes", type=float, default=None)
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=max_minutes,
+        help="time budget: no new step after it (the evaluations at the start count; 0: none)",
+    )
     parser.add_argument("--pilot", action="store_true", help="3 steps, 16 held-out problems")
     parser.add_argument("--publish", default=None, help="name under examples/results/ (default: none)")
     return parser
@@ -107,12 +135,30 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _check_port(port: int) -> None:
+    """ExampleError when ``port`` cannot be had on loopback (taken, or not a port)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except (OSError, OverflowError) as exc:
+            raise ExampleError(
+                f"--port {port}: cannot listen there ({exc}); choose another, or leave --port out for a free one"
+            ) from None
+
+
 @contextlib.contextmanager
-def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
-    """``tool-server serve`` with ``config`` on a free port; yields its URL, stops it after."""
+def tool_server(out: Path, config: dict[str, Any], port: int | None = None) -> Iterator[str]:
+    """``tool-server serve`` with ``config`` on ``port`` (default: a free one); yields its URL,
+    stops it after."""
     path = out / "server.yaml"
     path.write_text(yaml.safe_dump(config))
-    port = free_port()
+    if port is None:
+        port = free_port()
+        chosen = "a free port; --port to choose one"
+    else:
+        _check_port(port)
+        chosen = "--port"
+    say(f"starting the tool server on 127.0.0.1:{port} ({chosen}); its log: {out / 'server.log'}")
     log = open(out / "server.log", "w")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         [sys.executable, "-m", "tool_server.cli", "serve", "--config", str(path), "--port", str(port)],
@@ -128,13 +174,16 @@ def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"tool server exited with {proc.returncode}; see {out / 'server.log'}")
+                raise ExampleError(f"the tool server exited with {proc.returncode}; see {out / 'server.log'}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/healthz", timeout=2).status_code == 200:
                     break
             time.sleep(0.2)
         else:
-            raise RuntimeError("tool server did not become healthy within 120 s")
+            raise ExampleError(
+                f"the tool server did not become healthy within 120 s; see {out / 'server.log'}"
+            )
+        say(f"tool server ready at {url}")
         yield url
     finally:
         proc.terminate()
@@ -143,6 +192,23 @@ def tool_server(out: Path, config: dict[str, Any]) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def say_plan(args: argparse.Namespace) -> None:
+    """What the trainer is about to do, in order, before it starts (its own log follows)."""
+    evaluation = f"{args.eval_size} held-out tasks x {args.eval_samples} sample(s) at T = {args.temperature}, then greedy"
+    every = f"every {args.eval_every} steps and " if args.eval_every else ""
+    budget = f"; time budget {args.max_minutes:g} min" if args.max_minutes else ""
+    if (args.out / "checkpoints" / "latest").is_file():  # the trainer resumes, without a new baseline
+        say(
+            f"trainer: loads SmolLM2-135M-Instruct (~30 s), resumes from the last checkpoint in {args.out}{budget}"
+        )
+        return
+    say(
+        f"trainer: loads SmolLM2-135M-Instruct (~30 s), evaluates the untrained model ({evaluation}), "
+        f"then {args.steps} training step(s) of {args.prompts_per_step} prompt(s) x {args.group_size} samples, "
+        f"evaluating {every}at the end{budget}; progress lines follow (rollout: done/total, time left)"
+    )
 
 
 def run_trainer(argv: list[str]) -> int:
@@ -193,9 +259,13 @@ def exit_on_sigterm() -> None:
 
 def main_interruptible(main: Callable[[], int]) -> int:
     """``main()``, with Ctrl-C outside the training itself (building data, starting the server)
-    ending the run with one line and 130 instead of a traceback."""
+    ending the run with one line and 130 instead of a traceback, and an ``ExampleError`` with
+    its message and 1."""
     try:
         return main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130
+    except ExampleError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1

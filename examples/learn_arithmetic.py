@@ -1,7 +1,12 @@
 """The learning run: GRPO teaches SmolLM2-135M to use a calculator on a 2-core CPU.
 
-    .venv/bin/python examples/learn_arithmetic.py --publish learn_arithmetic   # the full run
+    .venv/bin/python examples/learn_arithmetic.py                              # the published run (~65 min)
+    .venv/bin/python examples/learn_arithmetic.py --publish learn_arithmetic   # ... and copy its figures
     .venv/bin/python examples/learn_arithmetic.py --pilot                      # 3 steps: is there a signal?
+
+The defaults are the flags of the published run (``examples/results/learn_arithmetic.json``):
+2 torch threads, held-out evaluation every 10 steps with 2 samples per problem, a 60-minute
+budget for the 40 steps.
 
 What it does:
 
@@ -9,7 +14,7 @@ What it does:
    does (default mix: 40 % ``a * b``, 60 % word problems needing two or three
    operations; 2000 training and 200 held-out problems; the first 64 held-out are
    evaluated);
-2. starts ``tool-server serve`` with the calculator and the verifiers on a free port;
+2. starts ``tool-server serve`` with the calculator and the verifiers on a free port (``--port``);
 3. runs ``trainer-client train`` (the same code path as the CLI, printed first) and,
    with ``--publish NAME``, copies ``reward_curve.png`` and a JSON of the figures to
    ``examples/results/``.
@@ -47,6 +52,8 @@ from _run import (  # noqa: E402
     parse_schedule,
     publish,
     run_trainer,
+    say,
+    say_plan,
     schedule_flags,
     tool_server,
 )
@@ -98,17 +105,28 @@ def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> l
     ]  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_schedule_options(
-        parser, out="learn_arithmetic", temperature=0.7, eval_size=64, eval_every=5, threads=1
-    )
+        parser, out="learn_arithmetic", temperature=0.7, eval_size=64, eval_every=10, threads=2,
+        eval_samples=2, max_minutes=60,
+    )  # fmt: skip
     parser.add_argument("--n-train", type=int, default=2000)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parse_schedule(parser, argv)
+    say(
+        f"building the arithmetic task: {args.n_train} training and 200 held-out problems in {args.out / 'data'}"
+    )
     train, test = build_data(args.out, args.n_train, 200, args.seed)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     exit_on_sigterm()
-    with tool_server(args.out, SERVER_CONFIG) as url:
+    with tool_server(args.out, SERVER_CONFIG, args.port) as url:
+        say_plan(args)
         code = run_trainer(train_argv(args, url, train, test))
     if code == 0 and args.publish:
         publish(args.out, args.publish)

@@ -1,8 +1,11 @@
 """The environment learning run: GRPO teaches SmolLM2-135M a procedural world's tools on a 2-core CPU.
 
-    .venv/bin/python examples/learn_environment.py --eval-samples 2 --eval-every 8 \
-        --max-minutes 55 --publish learn_environment                             # the full run
+    .venv/bin/python examples/learn_environment.py                               # the published run (~65 min)
+    .venv/bin/python examples/learn_environment.py --publish learn_environment   # ... and copy its figures
     .venv/bin/python examples/learn_environment.py --pilot                       # 3 steps: is there a signal?
+
+The defaults are the flags of the published run (``examples/results/learn_environment.json``):
+held-out evaluation every 8 steps with 2 samples per task, a 55-minute budget for the 40 steps.
 
 What it does:
 
@@ -14,7 +17,7 @@ What it does:
    format and three worked examples are written out as text (every task exposes every
    tool, so all prompts share one prefix);
 2. starts ``tool-server serve`` with the pack as an environment (its tools as the toolset
-   ``<pack id>``, and the ``tool_use`` verifier) on a free port;
+   ``<pack id>``, and the ``tool_use`` verifier) on a free port (``--port``);
 3. runs ``trainer-client train`` (the CLI's code path, printed first): reward ``tool_use``
    in ``train`` mode (a dense weighted sum, ``TRAIN_WEIGHTS``), held-out success ``tool_use`` in ``eval``
    mode (all or nothing over the task's reward basis) == 1.0; with ``--publish NAME``
@@ -49,6 +52,8 @@ from _run import (  # noqa: E402
     parse_schedule,
     publish,
     run_trainer,
+    say,
+    say_plan,
     schedule_flags,
     tool_server,
 )
@@ -125,20 +130,31 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
     ]  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_schedule_options(
-        parser, out="learn_environment", temperature=0.5, eval_size=40, eval_every=0, threads=2
-    )
+        parser, out="learn_environment", temperature=0.5, eval_size=40, eval_every=8, threads=2,
+        eval_samples=2, max_minutes=55,
+    )  # fmt: skip
     parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
     parser.add_argument("--tasks", type=int, default=400, help="tasks in the pack (levels 1-2, half each)")
     parser.add_argument("--test-fraction", type=float, default=0.15)
     parser.add_argument("--shots", type=int, default=3, help="worked examples in each prompt")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parse_schedule(parser, argv)
+    say(
+        f"building the {args.world} world's pack ({args.tasks} tasks, levels 1-2) and its rows in {args.out / 'data'}"
+    )
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     exit_on_sigterm()
-    with tool_server(args.out, server_config(args)) as url:
+    with tool_server(args.out, server_config(args), args.port) as url:
+        say_plan(args)
         code = run_trainer(train_argv(args, url, pack_id, train, test))
     if code == 0 and args.publish:
         publish(args.out, args.publish)

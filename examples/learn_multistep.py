@@ -12,7 +12,7 @@ What it does (issue 29; examples/learn_environment.py is the one-call run it ext
    ``tools.data.env_prompts`` with ``MULTI_CALL_FORMAT`` (a task may need several calls,
    results feed the next call) and one worked example per level 1-4 (one, two, a chain of
    two, and three calls);
-2. serves the pack with ``tool-server serve`` on a free port;
+2. serves the pack with ``tool-server serve`` on ``--port`` (default: a free one);
 3. runs ``trainer-client train --curriculum`` (printed first): prompts drawn by level, from
    the lowest level whose groups do not yet succeed (``--promote-at``) and, for review, the
    levels below; reward ``tool_use`` in train mode with the verifier's default weights
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     exit_on_sigterm()
-    with tool_server(args.out, server_config(args)) as url:
+    with tool_server(args.out, server_config(args), args.port) as url:
         command = train_argv(args, url, pack_id, train, test)
         code = run_trainer(command)
     if code == 0 and args.publish:

@@ -233,8 +233,8 @@ def executor():
         yield ex
 
 
-def _build(url: str, out: Path, executor: SandboxExecutor, **kw: Any):
-    model = ChatModel(url + "/v1", "scripted", json_mode=True)
+def _build(url: str, out: Path, executor: SandboxExecutor, json_mode: str = "auto", **kw: Any):
+    model = ChatModel(url + "/v1", "scripted", json_mode=json_mode)
     return build(BuildConfig(SCENARIO, out, model, progress=False, executor=executor, **kw))
 
 
@@ -268,7 +268,7 @@ def test_every_stage_rejects_an_invalid_answer_and_retries_with_the_reason(built
     # the retry carries the rejection to the model
     retry = [body for key, body in chat.requests if key == "function get_book"][1]
     assert "syntax error line 1" in retry["messages"][-1]["content"]
-    assert retry["response_format"] == {"type": "json_object"}
+    assert retry["response_format"]["type"] == "json_schema"  # the default: each stage's own schema
 
 
 def test_the_gate_rejects_the_leaking_tool_and_the_unsolvable_task(built) -> None:
@@ -482,6 +482,225 @@ def test_cli_exit_status_and_errors(tmp_path, capsys) -> None:
     assert "levels must be among 1-4" in printed.err
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["stages"]["decomposition"]["rejected"] == 2
+
+
+# ------------------------------------------------------------------ JSON modes: each stage's schema
+
+
+def _formats(chat: ScriptedChat, stage: str) -> list[dict[str, Any]]:
+    return [body.get("response_format", {}) for key, body in chat.requests if key == stage]
+
+
+def test_schema_mode_sends_each_stages_own_shape(built) -> None:
+    """The default asks every stage with response_format json_schema: the stage's schema plus
+    what the earlier stages fixed and the checks would otherwise reject."""
+    report, chat, _ = built
+    assert report.json_mode == "auto"
+    assert all(body["response_format"]["type"] == "json_schema" for _, body in chat.requests)
+    decomposition = _formats(chat, "decomposition")[0]["json_schema"]
+    assert decomposition["name"] == "decomposition"
+    assert (
+        decomposition["schema"]["properties"]["entities"]["type"] == "array"
+    )  # nothing kept: no JSON came back
+
+    documents = _formats(chat, "documents")[0]["json_schema"]["schema"]["properties"]
+    books = documents["initial_state"]["properties"]["books"]["items"]
+    assert (
+        books["required"] == ["book_id", "title", "author", "available"] and not books["additionalProperties"]
+    )
+    assert books["properties"]["available"] == {"type": "boolean"}
+    assert documents["tools"]["items"]["properties"]["writes"]["items"] == {"enum": ["books", "members"]}
+
+    function = _formats(chat, "function borrow_book")[0]["json_schema"]
+    assert function["name"] == "function_borrow_book"
+    assert function["schema"]["properties"]["name"] == {"const": "borrow_book"}
+
+    level_3 = _formats(chat, "tasks level-3")[0]["json_schema"]["schema"]
+    task = level_3["properties"]["tasks"]["items"]["properties"]
+    variants = {v["properties"]["name"]["const"]: v for v in task["calls"]["items"]["anyOf"]}
+    assert set(variants) == set(SOURCES)  # every tool with an implementation, with its own arguments
+    assert variants["borrow_book"]["properties"]["arguments"] == TOOL_DOCS[4]["parameters"]
+    assert task["distractors"]["items"] == {"enum": sorted(SOURCES, key=list(SOURCES).index)}
+
+
+def test_a_retry_keeps_the_entities_when_only_a_capability_was_wrong(tmp_path, executor) -> None:
+    unknown = json.loads(json.dumps(DECOMPOSITION))
+    unknown["capabilities"][0]["entities"] = ["orders"]
+    chat = ScriptedChat({"decomposition": [unknown, DECOMPOSITION]})
+    with serve_in_thread(chat.app) as url:
+        report = _build(url, tmp_path, executor, attempts=2)
+    assert report.failed_stage == "documents"  # the script ends there
+    first, second = (f["json_schema"]["schema"]["properties"] for f in _formats(chat, "decomposition"))
+    assert "const" not in first["entities"]
+    assert second["entities"] == {"const": unknown["entities"]}
+    assert second["capabilities"]["items"]["properties"]["entities"]["items"] == {
+        "enum": ["books", "members"]
+    }
+
+
+def _field(name: str, kind: str = "string") -> dict[str, str]:
+    return {"name": name, "type": kind}
+
+
+SMALL_DECOMPOSITION = {
+    "domain": "library",
+    "description": "Members borrow books.",
+    "entities": [
+        {
+            "name": "books",
+            "key": "id",
+            "fields": [_field("id"), _field("name"), _field("available", "boolean")],
+        },
+        {
+            "name": "members",
+            "key": "id",
+            "fields": [_field("id"), _field("name"), _field("borrowed", "array")],
+        },
+    ],
+    "capabilities": [
+        {"name": "get_book", "description": "A book", "kind": "read", "entities": ["books"]},
+        {"name": "list_books", "description": "All books", "kind": "read", "entities": ["books"]},
+        {"name": "borrow_book", "description": "Lend one", "kind": "write", "entities": ["books", "members"]},
+    ],
+}
+
+
+def _small_documents(required: list[str]) -> dict[str, Any]:
+    def tool(name: str, params: dict[str, Any], reads: list[str], writes: list[str]) -> dict[str, Any]:
+        schema = {
+            "type": "object",
+            "properties": params,
+            "required": required if name == "get_book" else list(params),
+        }
+        return {"name": name, "description": name, "parameters": schema, "output": "a record", "reads": reads,
+                "writes": writes}  # fmt: skip
+
+    one = {"id": {"type": "string"}}
+    return {
+        "tools": [tool("get_book", one, ["books"], []), tool("list_books", {}, ["books"], []),
+                  tool("borrow_book", one, ["books"], ["books", "members"])],
+        "initial_state": {
+            "books": [{"id": f"boo{i}", "name": f"Book {i}", "available": True} for i in (1, 2, 3)],
+            "members": [{"id": f"mem{i}", "name": f"M {i}", "borrowed": []} for i in (1, 2, 3)],
+        },
+    }  # fmt: skip
+
+
+def test_small_model_guides_fix_sizes_keys_and_forms() -> None:
+    """``--small-model``: every answer of these shapes passes its stage's schema and rules."""
+    from tools.envs.builder import schemas
+    from tools.envs.builder.llm import schema_problem
+    from tools.envs.builder.stages import check_decomposition, check_documents
+
+    guide = schemas.decomposition_guide(small=True)
+    assert schema_problem(SMALL_DECOMPOSITION, guide) is None
+    assert schema_problem(SMALL_DECOMPOSITION, schemas.DECOMPOSITION) is None
+    check_decomposition(SMALL_DECOMPOSITION)
+    names = [c["properties"]["name"]["pattern"] for c in guide["properties"]["capabilities"]["prefixItems"]]
+    assert (
+        names[0].startswith("^get_") and names[1].startswith("^list_") and names[2].startswith("^[a-fh-km-z]")
+    )
+
+    documents = _small_documents(["id"])
+    guide = schemas.documents_guide(SMALL_DECOMPOSITION, small=True)
+    assert schema_problem(documents, guide) is None and schema_problem(documents, schemas.DOCUMENTS) is None
+    check_documents(documents, SMALL_DECOMPOSITION)
+    assert schemas.record_ids(SMALL_DECOMPOSITION) == {
+        "books": ["boo1", "boo2", "boo3"],
+        "members": ["mem1", "mem2", "mem3"],
+    }
+    reads = guide["properties"]["tools"]["prefixItems"][1]["properties"]
+    assert reads["writes"]["maxItems"] == 0 and reads["name"] == {"const": "list_books"}
+
+    tool = documents["tools"][2]
+    source = "def borrow_book(world, id):\n    return world['books'].pop(id)"
+    function = {"name": "borrow_book", "source": source}
+    assert schema_problem(function, schemas.function_guide(tool, small=True)) is None
+    assert schema_problem({**function, "source": "def borrow_book(world, id):\n    x = 1\n    return x"},
+                          schemas.function_guide(tool, small=True))  # fmt: skip
+    assert schema_problem(function, schemas.FUNCTION) is None
+
+    tasks = {"tasks": [{"prompt": "Lend boo1", "answer": None,
+                        "calls": [{"id": "c0", "name": "borrow_book", "arguments": {"id": "boo1"}, "depends_on": []}]}]}  # fmt: skip
+    for level, fits in ((1, True), (2, False)):  # level 2 needs two calls at least
+        guide = schemas.tasks_guide(level, 2, documents["tools"], small=True)
+        assert (schema_problem(tasks, guide) is None) is fits
+    assert schema_problem(tasks, schemas.TASKS) is None
+
+
+def test_a_small_model_retry_keeps_the_arguments_and_requires_them(tmp_path, executor) -> None:
+    """Documents whose ``required`` names an argument the tool does not have: the retry keeps
+    the arguments the answer gave, all required."""
+    chat = ScriptedChat(
+        {"decomposition": [SMALL_DECOMPOSITION], "documents": [_small_documents(["id", "isbn"])]}
+    )
+    with serve_in_thread(chat.app) as url:
+        report = _build(url, tmp_path, executor, attempts=2, small_model=True)
+    assert report.failed_stage == "documents"  # the script ends with the retry's request
+    assert "required parameters ['isbn'] are not in properties" in _reasons(report, "documents")[0]
+    first, retry = (f["json_schema"]["schema"] for f in _formats(chat, "documents")[:2])  # then json_object
+    kept = retry["properties"]["tools"]["prefixItems"][0]["properties"]["parameters"]["properties"]
+    assert kept["properties"] == {"const": {"id": {"type": "string"}}}
+    assert kept["required"] == {"const": ["id"]}
+    free = first["properties"]["tools"]["prefixItems"][0]["properties"]["parameters"]["properties"]
+    assert free["required"]["prefixItems"] == [{"const": "id"}, {"const": "name"}, {"const": "available"}]
+
+
+def test_auto_falls_back_to_json_object_when_the_endpoint_refuses_schemas(tmp_path, executor, caplog) -> None:
+    chat = ScriptedChat({"decomposition": [400, "{}", "{}"]})  # refuses the schema request
+    with serve_in_thread(chat.app) as url:
+        report = _build(url, tmp_path / "auto", executor, attempts=2)
+    assert [f.get("type") for f in _formats(chat, "decomposition")] == [
+        "json_schema",
+        "json_object",
+        "json_object",
+    ]
+    assert report.json_mode == "object" and report.stages["decomposition"].candidates == 2
+    assert "does not take JSON schemas (400: " in caplog.text and "json_object from now on" in caplog.text
+    assert "JSON mode: object" in report.table()
+
+    taken = ScriptedChat({"decomposition": [DECOMPOSITION], "documents": [400, DOCUMENTS]})
+    with serve_in_thread(taken.app) as url:  # schemas work here, just not this one: only it falls back
+        report = _build(url, tmp_path / "taken", executor, levels=[1])
+    assert [f["type"] for f in _formats(taken, "documents")] == ["json_schema", "json_object"]
+    assert report.json_mode == "auto" and report.failed_stage == "functions"
+
+    strict = ScriptedChat({"decomposition": [400]})
+    with serve_in_thread(strict.app) as url:
+        report = _build(url, tmp_path / "strict", executor, json_mode="schema")
+    assert report.failed_stage == "decomposition"
+    assert "refused the JSON schema of decomposition (400: " in report.message
+    assert "use --json-mode auto or object" in report.message
+
+
+@pytest.mark.parametrize(
+    ("flags", "mode", "sent"),
+    [([], "auto", "json_schema"), (["--json-mode", "schema"], "schema", "json_schema"),
+     (["--json-mode", "object"], "object", "json_object"), (["--no-json-mode"], "off", None),
+     (["--small-model"], "auto", "json_schema")],
+)  # fmt: skip
+def test_cli_json_modes(tmp_path, flags: list[str], mode: str, sent: str | None) -> None:
+    from tools.envs.builder import cli, llm
+
+    assert cli.JSON_MODES == llm.JSON_MODES
+    chat = ScriptedChat({"decomposition": ["{}"]})
+    with serve_in_thread(chat.app) as url:
+        args = _cli(url, tmp_path, "--attempts", "1", *flags)
+        assert args.json_mode == mode
+        assert run(args) == 1
+    response_format = _formats(chat, "decomposition")[0]
+    assert response_format.get("type") == sent
+    if "--small-model" in flags:  # the small model's shape: three capabilities in a fixed order
+        capabilities = response_format["json_schema"]["schema"]["properties"]["capabilities"]
+        assert len(capabilities["prefixItems"]) == 3
+
+
+def test_parse_json_reads_raw_newlines_in_strings() -> None:
+    """Structured decoders write a pattern's newlines raw inside the JSON string."""
+    from tools.envs.builder.llm import parse_json
+
+    raw = '{"source": "def f(world):\n    return 1"}'  # a newline character, not the escape
+    assert parse_json(raw) == {"source": "def f(world):\n    return 1"}
 
 
 def test_python_m_entry_point(tmp_path) -> None:

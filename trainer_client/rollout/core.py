@@ -44,6 +44,7 @@ user's later turns in ``user_turns``; the observation texts in ``observations``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ from trainer_client.parsers.registry import ParsedCall, ToolCallParser, get_pars
 from trainer_client.rollout.observation_budget import ObservationBudget
 from trainer_client.rollout.observations import HIDDEN_TOOL, not_run_text, parse_errors_text, result_text
 from trainer_client.rollout.parse import turn_parser
+from trainer_client.rollout.progress import BatchProgress
 from trainer_client.rollout.state import TrajectoryState
 from trainer_client.rollout.types import (
     TRUNCATION_MARKER,
@@ -137,14 +139,15 @@ class RolloutCore:
         max_concurrency: int | None = None,
         sampling_params: dict[str, Any] | None = None,
     ) -> list[Trajectory]:
-        """Roll out all tasks concurrently; results in task order."""
+        """Roll out all tasks concurrently; results in task order. Progress goes to the log (INFO)."""
         gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        progress = BatchProgress(len(tasks))
 
         async def one(task: Task) -> Trajectory:
-            if gate is None:
-                return await self.run(task, sampling_params=sampling_params)
-            async with gate:
-                return await self.run(task, sampling_params=sampling_params)
+            async with gate or contextlib.nullcontext():
+                trajectory = await self.run(task, sampling_params=sampling_params)
+            progress.finished_one()
+            return trajectory
 
         return list(await asyncio.gather(*(one(t) for t in tasks)))
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the pipeline (httpx, jsonschema, the sandbox) loads when a build runs, not for --help
     from tools.envs.builder.pipeline import BuildConfig
 
+JSON_MODES = ("auto", "schema", "object", "off")  # llm.JSON_MODES (not imported: it loads httpx)
+
 __all__ = ["configure", "main", "run"]
 
 
@@ -43,7 +45,25 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.2)
     parser.add_argument(
-        "--no-json-mode", action="store_true", help="do not send response_format (for servers without it)"
+        "--json-mode",
+        choices=JSON_MODES,
+        default="auto",
+        help="how answers are asked for: schema (response_format json_schema with each stage's shape: "
+        "structured decoding, even small models write valid JSON), object (json_object), off (no "
+        "response_format); auto (default): schema, and object if the endpoint refuses schemas",
+    )
+    parser.add_argument(
+        "--no-json-mode",
+        dest="json_mode",
+        action="store_const",
+        const="off",
+        help="the same as --json-mode off",
+    )
+    parser.add_argument(
+        "--small-model",
+        action="store_true",
+        help="with --json-mode schema/auto, shape the answers for a very small model (fixed sizes, an id key, "
+        "three records with given keys, one-line tools, short texts): less room, but valid worlds",
     )
     parser.add_argument(
         "--no-toolset-extension",
@@ -74,12 +94,12 @@ def _config(args: argparse.Namespace) -> BuildConfig:
         api_key=os.environ.get(args.api_key_env) or None,
         temperature=args.temperature,
         max_tokens=args.max_tokens,
-        json_mode=not args.no_json_mode,
+        json_mode=args.json_mode,
     )
     return BuildConfig(
         scenario, args.out, model, attempts=args.attempts, tasks_per_level=args.tasks_per_level,
         levels=levels, pack_id=args.pack_id, extend_toolset=not args.no_toolset_extension, parallel=args.parallel,
-        progress=not args.no_progress,
+        small_model=args.small_model, progress=not args.no_progress,
     )  # fmt: skip
 
 

@@ -46,6 +46,7 @@ class BuildConfig:
     pack_id: str | None = None
     extend_toolset: bool = True  # add a distractor variant of each task without distractors
     parallel: int = 4  # model requests at once (tools of stage 3, levels of stage 4)
+    small_model: bool = False  # guides shaped for a very small model (schemas: ``small``)
     progress: bool = True
     executor: SandboxExecutor | None = field(default=None, repr=False)
 
@@ -103,13 +104,20 @@ def build(config: BuildConfig) -> Report:
     try:
         stage = "decomposition"
         decomposition = _once(
-            store, report, stage, lambda log: decompose(config.model, config.scenario, log, config.attempts)
+            store,
+            report,
+            stage,
+            lambda log: decompose(
+                config.model, config.scenario, log, config.attempts, small=config.small_model
+            ),
         )
         bar.update()
         stage = "documents"
         documents = _once(
             store, report, stage,
-            lambda log: document(config.model, config.scenario, decomposition, log, config.attempts),
+            lambda log: document(
+                config.model, config.scenario, decomposition, log, config.attempts, small=config.small_model
+            ),
         )  # fmt: skip
         bar.update()
         stage = "functions"
@@ -130,6 +138,7 @@ def build(config: BuildConfig) -> Report:
         bar.close()
         if config.executor is None:
             executor.close()
+        report.json_mode = str(config.model.json_mode)
         report.write(config.out)
     return report
 
@@ -201,7 +210,16 @@ def _functions(
 
     def job(tool: dict[str, Any], tool_log: StageLog) -> str | None:
         state = documents["initial_state"]
-        return integrate(config.model, tool, decomposition, state, executor, tool_log, config.attempts)
+        return integrate(
+            config.model,
+            tool,
+            decomposition,
+            state,
+            executor,
+            tool_log,
+            config.attempts,
+            small=config.small_model,
+        )
 
     for tool, source, tool_log in _fan_out(config, todo, job, "functions", "tool"):
         log.merge(tool_log)
@@ -229,7 +247,16 @@ def _tasks(
 
         def job(level: int, level_log: StageLog) -> list[dict[str, Any]]:
             count = config.tasks_per_level
-            return scale(config.model, level, count, documents, tools, level_log, config.attempts)
+            return scale(
+                config.model,
+                level,
+                count,
+                documents,
+                tools,
+                level_log,
+                config.attempts,
+                small=config.small_model,
+            )
 
         for level, composed, level_log in _fan_out(config, todo, job, "tasks", "level"):
             log.merge(level_log)

@@ -73,12 +73,12 @@ def function(
         _system(
             f"function {tool['name']}",
             "Implement one tool as a Python function `def <name>(world, <parameters>)`, standard library "
-            'only. `world["table"]` is a dict of records (JSON dicts) by key (a string). A tool that writes '
-            'changes records in place (`world["t"][key]["field"] = value`), adds (`world["t"][key] = {...}`) '
-            'or deletes (`del world["t"][key]`), only in the tables it writes. Parameters: the schema\'s '
+            "only. `world['table']` is a dict of records (JSON dicts) by key (a string). A tool that writes "
+            "changes records in place (`world['t'][key]['field'] = value`), adds (`world['t'][key] = {...}`) "
+            "or deletes (`del world['t'][key]`), only in the tables it writes. Parameters: the schema's "
             "properties by name, optional ones with a default. Return a JSON value (dict, list, string, "
             "number) computed from the data and the arguments. "
-            'Refuse impossible requests (unknown key, rule broken) with `raise ToolError("why")` '
+            "Refuse impossible requests (unknown key, rule broken) with `raise ToolError('why')` "
             "(ToolError is predefined). Put helpers inside the function: the source must define exactly "
             'this one top-level function (imports allowed). Shape: {"name": "...", "source": "def ...:\\n    ..."}.',
         ),

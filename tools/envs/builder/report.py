@@ -22,6 +22,7 @@ class Report:
     stages: dict[str, StageLog] = field(default_factory=dict)
     pack: str | None = None
     levels: dict[int, int] = field(default_factory=dict)
+    json_mode: str = ""  # how answers were asked for, after any fallback (llm.ChatModel.json_mode)
 
     def log(self, name: str) -> StageLog:
         return self.stages.setdefault(name, StageLog())
@@ -37,6 +38,7 @@ class Report:
             "failed_stage": self.failed_stage,
             "message": self.message,
             "pack": self.pack,
+            "json_mode": self.json_mode,
             "tasks_per_level": {str(k): v for k, v in sorted(self.levels.items())},
             "stages": {name: log.to_dict() for name, log in self.stages.items()},
         }
@@ -52,6 +54,8 @@ class Report:
                 rows.append(f"  {name}: {item['candidate']}: {item['reason'][:160]}")
             if len(log.rejected) > reasons:
                 rows.append(f"  {name}: ... {len(log.rejected) - reasons} more in report.json")
+        if self.json_mode:
+            rows.append(f"JSON mode: {self.json_mode}")
         verdict = f"status: {self.status}"
         if self.failed_stage:
             verdict += f" at {self.failed_stage}: {self.message}"

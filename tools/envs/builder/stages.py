@@ -49,8 +49,7 @@ def _unique(names: list[str], what: str) -> None:
 # ------------------------------------------------------------------ 1. scenario decomposition
 
 
-def check_decomposition(value: dict[str, Any]) -> dict[str, Any]:
-    entities = value["entities"]
+def check_entities(entities: list[dict[str, Any]]) -> None:
     _unique([e["name"] for e in entities], "entity")
     for entity in entities:
         fields = [f["name"] for f in entity["fields"]]
@@ -59,6 +58,11 @@ def check_decomposition(value: dict[str, Any]) -> dict[str, Any]:
             raise Rejected(
                 f"entity {entity['name']}: key {entity['key']!r} is not one of its fields {fields}"
             )
+
+
+def check_decomposition(value: dict[str, Any]) -> dict[str, Any]:
+    entities = value["entities"]
+    check_entities(entities)
     known = {e["name"] for e in entities}
     _unique([c["name"] for c in value["capabilities"]], "capability")
     for capability in value["capabilities"]:
@@ -68,11 +72,26 @@ def check_decomposition(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def decompose(model: ChatModel, scenario: str, log: StageLog, attempts: int) -> dict[str, Any] | None:
+def decompose(
+    model: ChatModel, scenario: str, log: StageLog, attempts: int, *, small: bool = False
+) -> dict[str, Any] | None:
     return ask(
         model, prompts.decomposition(scenario), schemas.DECOMPOSITION, check_decomposition, log,
         label="decomposition", attempts=attempts,
+        guide=lambda last: schemas.decomposition_guide(_fine_entities(last), small=small),
     )  # fmt: skip
+
+
+def _fine_entities(last: Any) -> list[dict[str, Any]] | None:
+    """The last answer's entities when they pass the rules (then its capabilities did not)."""
+    try:
+        entities = last["entities"]
+        if schema_problem(entities, schemas.DECOMPOSITION["properties"]["entities"]) is None:
+            check_entities(entities)
+            return entities
+    except (TypeError, KeyError, Rejected):
+        pass  # nothing usable to keep
+    return None
 
 
 # ------------------------------------------------------------------ 2. document generation
@@ -127,12 +146,36 @@ def _records(entity: dict[str, Any], records: list[dict[str, Any]]) -> dict[str,
 
 
 def document(
-    model: ChatModel, scenario: str, decomposition: dict[str, Any], log: StageLog, attempts: int
+    model: ChatModel,
+    scenario: str,
+    decomposition: dict[str, Any],
+    log: StageLog,
+    attempts: int,
+    *,
+    small: bool = False,
 ) -> dict[str, Any] | None:
     return ask(
         model, prompts.documents(scenario, decomposition), schemas.DOCUMENTS,
         lambda value: check_documents(value, decomposition), log, label="documents", attempts=attempts,
+        guide=lambda last: schemas.documents_guide(
+            decomposition, _kept_arguments(decomposition, last) if small else None, small=small
+        ),
     )  # fmt: skip
+
+
+def _kept_arguments(decomposition: dict[str, Any], last: Any) -> dict[str, dict[str, Any]]:
+    """Per tool, the argument properties of the last answer that fit the small-model guide (kept on a retry)."""
+    capabilities = {c["name"]: c for c in decomposition["capabilities"]}
+    kept = {}
+    for tool in last.get("tools", []) if isinstance(last, dict) else []:
+        try:
+            properties = tool["parameters"]["properties"]
+            fields = schemas.tool_fields(decomposition, capabilities[tool["name"]])
+            if all(fields.get(name) == spec["type"] for name, spec in properties.items()):
+                kept[tool["name"]] = properties
+        except (TypeError, KeyError, AttributeError):
+            continue  # nothing usable in this tool
+    return kept
 
 
 # ------------------------------------------------------------------ 3. function integration
@@ -199,6 +242,8 @@ def integrate(
     executor: SandboxExecutor,
     log: StageLog,
     attempts: int,
+    *,
+    small: bool = False,
 ) -> str | None:
     tables = set(tool["reads"]) | set(tool["writes"]) or set(state)
     sample = {name: dict(list(state[name].items())[:2]) for name in sorted(tables)}
@@ -206,7 +251,7 @@ def integrate(
     return ask(
         model, prompts.function(tool, entities, sample), schemas.FUNCTION,
         lambda value: check_source(tool, value, executor), log, label=f"function {tool['name']}",
-        attempts=attempts,
+        attempts=attempts, guide=schemas.function_guide(tool, small=small),
     )  # fmt: skip
 
 
@@ -258,6 +303,8 @@ def scale(
     tools: list[str],
     log: StageLog,
     attempts: int,
+    *,
+    small: bool = False,
 ) -> list[dict[str, Any]]:
     """Valid tasks of ``level`` (each invalid one logged with its reason); [] when no answer had one."""
     docs = {t["name"]: t for t in documents["tools"] if t["name"] in tools}
@@ -278,6 +325,7 @@ def scale(
     result = ask(
         model, prompts.tasks(level, count, list(docs.values()), documents["initial_state"]), schemas.TASKS,
         check, log, label=f"tasks level {level}", attempts=attempts,
+        guide=schemas.tasks_guide(level, count, list(docs.values()), small=small),
     )  # fmt: skip
     return result or []
 
