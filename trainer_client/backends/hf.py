@@ -177,7 +177,8 @@ class HFGenerator:
         seed = params.get("seed")
         generator = None
         if seed is not None:
-            generator = torch.Generator(device="cpu").manual_seed(int(seed))
+            # on the model's device: torch.multinomial refuses a CPU generator for CUDA probabilities
+            generator = torch.Generator(device=self.device).manual_seed(int(seed))
         budget = max_new_tokens(params, self.default_max_tokens)
         budget = min(budget, self.max_positions - len(prompt_ids))
         stop = params.get("stop") or []
