@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -140,6 +141,14 @@ def create_app(
         async with contextlib.AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.session_manager.run())
+            if gc.get_freeze_count():
+                # The process froze what it built before serving (`tool-server serve`: tune_gc):
+                # what the tools loaded at start (indexes, pools) joins it, so no collection
+                # walks it again.
+                gc.collect()
+                gc.freeze()
+            metrics.gc_pauses.watch()
+            stack.callback(metrics.gc_pauses.unwatch)
             api.ready = True
             log.info("tool server ready: %d tools", len(registry.entries))
             try:

@@ -66,9 +66,16 @@ class TTLStore(Generic[K, V]):
             self._evict(now)
 
     def _evict(self, now: float) -> None:
-        """Drop puts from the front while there are too many, too large, or expired."""
+        """Drop puts from the front while there are too many, too large, or expired.
+
+        Too many: down to a 256th below ``max_entries`` at once, so that a full store (the
+        idempotency store in steady state) runs this once per 256th of its size, not per put.
+        """
         items, puts = self._items, self._puts
-        while puts and (len(puts) > self.max_entries or puts[0][0] < now or self.bytes > self.max_bytes):
+        most = self.max_entries
+        if len(puts) > most:
+            most -= max(1, most // 256)
+        while puts and (len(puts) > most or puts[0][0] < now or self.bytes > self.max_bytes):
             expiry, key = puts.popleft()
             item = items.get(key)
             if item is not None and item[0] == expiry:  # not put again since: this is its entry

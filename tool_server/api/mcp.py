@@ -20,12 +20,10 @@ work on any replica.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import os
 import re
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import mcp_types as types
@@ -52,17 +50,21 @@ from tool_server.api.auth import is_loopback
 from tool_server.api.routes import caller_of, request_header
 from tool_server.config import Config
 from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
+from tool_server.executor.gc_pacing import YOUNG_BUDGET
 from tool_server.registry import ToolEntry
 from tool_server.sessions import SessionStore
 
+# A young collection every this many MCP requests (_McpAsgi owes the GC pacer its share per
+# request). Each stateless request leaves ~14 objects in reference cycles inside the SDK, but a
+# collection also walks what the requests in flight hold: at 1,024 concurrent MCP callers, one
+# every 1,024 requests took 15-40 ms of CPU; every 256, a quarter of that, for the same total.
 MCP_REQUESTS_PER_COLLECT = 256
-# More results stored since the last collection than this: skip it (see _CollectingEvery).
-MAX_RESULTS_BETWEEN_COLLECTS = 20_000
+MCP_CYCLE_OBJECTS = YOUNG_BUDGET // MCP_REQUESTS_PER_COLLECT
 MCP_SESSION_HEADER = "mcp-session-id"
+_MCP_SESSION_KEY = MCP_SESSION_HEADER.encode()  # as ASGI scopes spell header names
 # The Mcp-Session-Id we issue: "mcp-", the issuing process's instance id (SessionStore.instance),
 # "-", a random part. Only ids of this shape name a world: any other value is not ours.
 _ISSUED_ID = re.compile(r"mcp-([0-9a-f]{16})-[0-9a-f]{24}")
-_INITIALIZE = "toolfactory.mcp_initialize"  # scope key: the request body holds an ``initialize``
 _MCP_SESSION_ELSEWHERE = (
     "this MCP session's world is not on this server process: it was opened on instance {instance}, "
     "which restarted or is another replica (an MCP session stays on the process that issued it), "
@@ -135,65 +137,113 @@ def _content_block(block: dict[str, Any]) -> Any:
     return _CONTENT_BLOCK.validate_python(block)
 
 
-class _CollectingEvery:
-    """An ASGI app plus a young-generation collection every ``requests`` requests.
+class _McpAsgi:
+    """What ``/mcp`` adds around the SDK's ASGI app, in one pass over each request.
 
-    Each stateless MCP request leaves ~16 objects in reference cycles inside the SDK
-    (its per-request runner and connection point at each other). The server's high GC
-    threshold (``server.gc_threshold``: right for the batched path, which leaves none)
-    let them pile up, and the collection that finally came walked everything allocated
-    since: one long pause for every caller. Collecting every 256 MCP requests keeps each
-    collection small (figures in bench/README.md).
+    * ``/mcp/{toolset}`` for a toolset that does not exist: 404 naming the known ones (the
+      same answer as ``GET /v1/tools?toolset=...``), so a typo (``/mcp/verifier``) is not an
+      endpoint with no tools;
+    * MCP sessions (trajectory worlds for clients that cannot set ``_meta``): ``initialize``
+      (handshake era) on a URL without a session is answered with a new ``Mcp-Session-Id``,
+      which the client sends on every later request of its connection; ``DELETE`` with that
+      header, or on ``/mcp/{toolset}/s/{session}``, releases the session (the caller's own;
+      anything else is already gone to it), 200 either way; ``GET`` with that header is 405,
+      as the spec allows: a stateless endpoint has no server-initiated stream. Nothing is
+      stored per MCP session: the trajectory session is opened by the first call that needs
+      it, and expires like any other (``sessions.ttl_s``);
+    * a JSON-RPC request whose ``id`` is neither a string nor an integer is refused: on the
+      older protocol versions the SDK takes it for a notification and answers 202 with no
+      reply, so the client would wait for an answer that never comes. The body is read here
+      (MCP bodies are small; the body limit applies) and handed on;
+    * each request owes the GC pacer its share of a young collection (one every
+      ``MCP_REQUESTS_PER_COLLECT`` requests): the SDK leaves ~14 objects in reference cycles per
+      stateless request (its per-request runner and connection point at each other), which the
+      server's high GC threshold would let pile up until one long collection (bench/README.md).
 
-    A collection also walks every object born since the last one. When the batched path
-    has stored many results meanwhile (``long_lived()`` counts them) it is skipped: those
-    results would be walked for nothing, and in pure batched traffic they are never
-    walked at all. Then the automatic threshold collects, as without this class.
-    A plain class, not a method: Starlette routes call an object like this as ASGI.
+    One class, not one per concern: each ASGI layer cost a few microseconds a request.
     """
 
-    def __init__(
-        self, app: ASGIApp, requests: int, long_lived: Callable[[], int], max_long_lived: int
-    ) -> None:
+    def __init__(self, app: ASGIApp, executor: Executor) -> None:
         self.app = app
-        self.requests = requests
-        self.long_lived = long_lived
-        self.max_long_lived = max_long_lived
-        self.since_collect = 0
-        self.long_lived_mark = long_lived()
+        self.executor = executor
+        self.registry = executor.registry
+        self.sessions: SessionStore = executor.sessions
+        self.pacer = executor.gc_pacer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await self.app(scope, receive, send)
+            await self._handle(scope, receive, send)
         finally:
-            self.since_collect += 1
-            if self.since_collect >= self.requests:
-                self.since_collect = 0
-                now = self.long_lived()
-                if now - self.long_lived_mark <= self.max_long_lived:
-                    gc.collect(0)
-                self.long_lived_mark = now
+            self.pacer.owe(MCP_CYCLE_OBJECTS)
 
-
-class _KnownToolsetOnly:
-    """``/mcp/{toolset}`` for a toolset that does not exist: 404 naming the known ones.
-
-    The same answer as ``GET /v1/tools?toolset=...``, so a typo (``/mcp/verifier``) is
-    not an endpoint with no tools.
-    """
-
-    def __init__(self, app: ASGIApp, registry: Any) -> None:
-        self.app = app
-        self.registry = registry
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        toolset = scope.get("path_params", {}).get("toolset")
-        if toolset is None or toolset in self.registry.toolsets:
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        known = ", ".join(sorted(self.registry.toolsets)) or "none"
-        message = f"no toolset named {toolset!r}; known toolsets: {known} (or /mcp for the default one)"
-        await send_json_rpc_error(send, 404, -32601, message)
+        path_params = scope.get("path_params") or {}
+        toolset = path_params.get("toolset")
+        if toolset is not None and toolset not in self.registry.toolsets:
+            known = ", ".join(sorted(self.registry.toolsets)) or "none"
+            message = f"no toolset named {toolset!r}; known toolsets: {known} (or /mcp for the default one)"
+            await send_json_rpc_error(send, 404, -32601, message)
+            return
+        in_url = path_params.get("session")
+        if in_url is not None and not _is_id(in_url):
+            message = f"the session in the URL must be at most {MAX_ID_LENGTH} characters"
+            await send_json_rpc_error(send, 400, -32600, message)
+            return
+        header = request_header(scope, _MCP_SESSION_KEY)
+        issued = header if header is not None and _ISSUED_ID.fullmatch(header) else None
+        method = scope["method"]
+        if method == "POST":
+            messages: list[Message] = []
+            while True:
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request" or not message.get("more_body", False):
+                    break
+            body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+            bad_id, initialize = _inspect(body)
+            if bad_id:
+                await send_json_rpc_error(
+                    send, 400, -32600, "Invalid Request: id must be a string or an integer"
+                )
+                return
+            if initialize and in_url is None and header is None:
+                send = self._issuing(send)
+
+            async def replay() -> Message:
+                return messages.pop(0) if messages else await receive()
+
+            await self.app(scope, replay, send)
+        elif method == "DELETE" and (in_url or issued):
+            await self._release(scope, send, in_url or issued)  # type: ignore[arg-type]
+        elif method == "GET" and issued:
+            message = "this endpoint is stateless: it offers no server-initiated stream (use POST)"
+            await send_json_rpc_error(send, 405, -32600, message, allow="POST, DELETE")
+        else:
+            await self.app(scope, receive, send)
+
+    def _issuing(self, send: Send) -> Send:
+        """``send``, adding a new Mcp-Session-Id to a successful answer to ``initialize``."""
+
+        async def issue(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 200:
+                issued = f"mcp-{self.sessions.instance}-{secrets.token_hex(12)}"
+                headers = [*message.get("headers", []), (_MCP_SESSION_KEY, issued.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        return issue
+
+    async def _release(self, scope: Scope, send: Send, session: str) -> None:
+        tenant = caller_of(scope, self.registry).tenant
+        released = await self.sessions.release(tenant, session)
+        self.executor.metrics.sessions.set(len(self.sessions))
+        payload = orjson.dumps({"session": session, "released": released})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
 
 
 async def send_json_rpc_error(
@@ -206,41 +256,6 @@ async def send_json_rpc_error(
         headers.append((b"allow", allow.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
-
-
-class _JsonRpcIdCheck:
-    """Refuse a JSON-RPC request whose ``id`` is neither a string nor an integer.
-
-    On the older protocol versions the SDK takes such a message for a notification and
-    answers 202 with no reply, so the client waits for an answer that never comes. The
-    body is read here (MCP bodies are small; the body limit applies) and handed on.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        messages: list[Message] = []
-        while True:
-            message = await receive()
-            messages.append(message)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
-        bad_id, initialize = _inspect(body)
-        if bad_id:
-            await send_json_rpc_error(send, 400, -32600, "Invalid Request: id must be a string or an integer")
-            return
-        if initialize:  # read by _McpSessions, which wraps this app (parsed once, here)
-            scope[_INITIALIZE] = True
-
-        async def replay() -> Message:
-            return messages.pop(0) if messages else await receive()
-
-        await self.app(scope, replay, send)
 
 
 def _inspect(body: bytes) -> tuple[bool, bool]:
@@ -256,73 +271,6 @@ def _inspect(body: bytes) -> tuple[bool, bool]:
             bad_id = bad_id or isinstance(request_id, bool) or not isinstance(request_id, str | int)
             initialize = initialize or item["method"] == "initialize"
     return bad_id, initialize
-
-
-class _McpSessions:
-    """What an MCP session is here: a trajectory session for clients that cannot set ``_meta``.
-
-    * ``initialize`` (handshake era) on a URL without a session: the answer carries a new
-      ``Mcp-Session-Id``, which the client sends on every later request of its connection;
-    * ``DELETE`` with that header, or on ``/mcp/{toolset}/s/{session}``: releases the
-      session (the caller's own; anything else is already gone to it), 200 either way;
-    * ``GET`` with that header: 405, as the spec allows: a stateless endpoint has no
-      server-initiated stream (the SDK would hold the connection open for nothing).
-
-    Nothing is stored per MCP session: the trajectory session is opened by the first call
-    that needs it, and expires like any other (``sessions.ttl_s``).
-    """
-
-    def __init__(self, app: ASGIApp, executor: Executor) -> None:
-        self.app = app
-        self.executor = executor
-        self.sessions: SessionStore = executor.sessions
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        in_url = scope.get("path_params", {}).get("session")
-        if in_url is not None and not _is_id(in_url):
-            message = f"the session in the URL must be at most {MAX_ID_LENGTH} characters"
-            await send_json_rpc_error(send, 400, -32600, message)
-            return
-        header = request_header(scope, MCP_SESSION_HEADER.encode())
-        issued = header if header is not None and _ISSUED_ID.fullmatch(header) else None
-        method = scope["method"]
-        if method == "DELETE" and (in_url or issued):
-            await self._release(scope, send, in_url or issued)
-        elif method == "GET" and issued:
-            message = "this endpoint is stateless: it offers no server-initiated stream (use POST)"
-            await send_json_rpc_error(send, 405, -32600, message, allow="POST, DELETE")
-        elif method == "POST" and in_url is None and header is None:
-            await self.app(scope, receive, self._issuing(scope, send))
-        else:
-            await self.app(scope, receive, send)
-
-    def _issuing(self, scope: Scope, send: Send) -> Send:
-        """``send``, adding a new Mcp-Session-Id to a successful answer to ``initialize``."""
-
-        async def issue(message: Message) -> None:
-            if (
-                message["type"] == "http.response.start"
-                and scope.get(_INITIALIZE)
-                and message["status"] == 200
-            ):
-                issued = f"mcp-{self.sessions.instance}-{secrets.token_hex(12)}"
-                headers = [*message.get("headers", []), (MCP_SESSION_HEADER.encode(), issued.encode())]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        return issue
-
-    async def _release(self, scope: Scope, send: Send, session: str) -> None:
-        tenant = caller_of(scope, self.executor.registry).tenant
-        released = await self.sessions.release(tenant, session)
-        self.executor.metrics.sessions.set(len(self.sessions))
-        payload = orjson.dumps({"session": session, "released": released})
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
 
 
 def keeps_session_state(entry: ToolEntry) -> bool:
@@ -362,15 +310,7 @@ class McpEndpoint:
             security_settings=transport_security(config, bind_host),
             max_request_body_size=config.limits.max_request_bytes,
         )
-        self.asgi = _CollectingEvery(
-            _KnownToolsetOnly(
-                _McpSessions(_JsonRpcIdCheck(StreamableHTTPASGIApp(self.session_manager)), executor),
-                self.registry,
-            ),
-            MCP_REQUESTS_PER_COLLECT,
-            long_lived=lambda: executor.results_stored,
-            max_long_lived=MAX_RESULTS_BETWEEN_COLLECTS,
-        )
+        self.asgi = _McpAsgi(StreamableHTTPASGIApp(self.session_manager), executor)
 
     def _new_call_id(self) -> str:
         # Only the client can retry with the same id, so a call without one needs an id
@@ -431,14 +371,17 @@ class McpEndpoint:
         call_id = meta.get(CALL_ID_META_KEY)
         session = meta.get(SESSION_META_KEY)
         expected = meta.get(INSTANCE_META_KEY)
-        for key, value in (
-            (CALL_ID_META_KEY, call_id),
-            (SESSION_META_KEY, session),
-            (INSTANCE_META_KEY, expected),
-        ):
-            if value is not None and not _is_id(value):
-                message = f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
-                return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
+        if call_id is not None or session is not None or expected is not None:  # else nothing to check
+            for key, value in (
+                (CALL_ID_META_KEY, call_id),
+                (SESSION_META_KEY, session),
+                (INSTANCE_META_KEY, expected),
+            ):
+                if value is not None and not _is_id(value):
+                    message = (
+                        f"_meta[{key!r}] must be a non-empty string of at most {MAX_ID_LENGTH} characters"
+                    )
+                    return _to_call_tool_result(Result.failure("", ErrorKind.BAD_REQUEST, message))
         mcp_session = False  # the world is the MCP session's (Mcp-Session-Id)
         if session is None and params.name in visible:
             session, issuer, mcp_session = self._implicit_session(ctx, params.name)

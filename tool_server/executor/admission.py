@@ -8,7 +8,7 @@ a batch is admitted whole or refused whole, so a retry repeats exactly what was 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tool_server.config import ConfigError
@@ -34,6 +34,18 @@ class Caller:
     tenant: str = ANONYMOUS_TENANT
     allowed: frozenset[str] | None = None
     sees_gold: bool = True
+    # Where the caller's call_ids are kept: ``key_prefix + call_id`` (tenant_key_prefix).
+    key_prefix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_prefix", tenant_key_prefix(self.tenant))
+
+
+def tenant_key_prefix(tenant: str) -> str:
+    """What a tenant's keys in the idempotency store start with: its name, length first, so
+    that no two tenants' keys can be equal. Keys are strings, not (tenant, call_id) tuples:
+    the garbage collector does not track strings, and a store of 200,000 tuples is walked."""
+    return f"{len(tenant)}:{tenant}:"
 
 
 ANONYMOUS = Caller()

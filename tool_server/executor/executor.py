@@ -45,6 +45,7 @@ from protocol.messages import ErrorInfo
 from tool_server.config import Config
 from tool_server.executor.admission import ANONYMOUS, ANONYMOUS_TENANT, Admission, Caller, Overloaded
 from tool_server.executor.fair_slots import FairSlots
+from tool_server.executor.gc_pacing import GcPacer
 from tool_server.executor.order import SessionOrder, Turn
 from tool_server.executor.output import OutputShaper
 from tool_server.executor.records import CallRecords, Fingerprint, canonical_arguments, storable
@@ -85,6 +86,7 @@ class Executor:
             sole_tenant=ANONYMOUS_TENANT,
         )
         self._runner = CallRunner(self.sessions, OutputShaper(limits), limits, self.run_inner)
+        self._stats = self.metrics.tool_stats.for_tool  # a bound method: looked up once
         self._sweeper: asyncio.Task[None] | None = None
 
     @property
@@ -102,8 +104,13 @@ class Executor:
 
     @property
     def results_stored(self) -> int:
-        """Results kept for idempotent retries since start (each keeps ~10 objects alive)."""
+        """Results kept for idempotent retries since start."""
         return self._records.results_stored
+
+    @property
+    def gc_pacer(self) -> GcPacer:
+        """Paces young-generation collections by the objects left for them (``gc_pacing``)."""
+        return self._records.pacer
 
     def store_sizes(self) -> dict[str, tuple[int, int]]:
         """(entries, estimated bytes) of the idempotency store and the result cache."""
@@ -170,13 +177,14 @@ class Executor:
         self, calls: Sequence[Call], caller: Caller, prepared: Sequence[dict[str, Any]] | None
     ) -> list[Result]:
         self._admission.check_batch(caller.tenant, len(calls))
-        results: list[Any] = [None] * len(calls)
-        pending: list[int] = []
-        for i, call in enumerate(calls):
-            outcome = self._start(call, caller, prepared=prepared[i] if prepared is not None else None)
-            results[i] = outcome
-            if not isinstance(outcome, Result):
-                pending.append(i)
+        start = self._start
+        if prepared is None:
+            results: list[Any] = [start(call, caller) for call in calls]
+        else:
+            results = [
+                start(call, caller, False, kwargs) for call, kwargs in zip(calls, prepared, strict=True)
+            ]
+        pending = [i for i, outcome in enumerate(results) if not isinstance(outcome, Result)]
         for i in pending:
             results[i] = await results[i]
         if pending:
@@ -236,26 +244,30 @@ class Executor:
         # outside a scoped token's toolsets is unknown to it, as on /mcp: the answer must not
         # tell it which other tools exist.
         entry = self.registry.entries.get(call.name)
-        if entry is None or (caller.allowed is not None and entry.name not in caller.allowed):
-            names = (n for n in self.registry.entries if caller.allowed is None or n in caller.allowed)
+        allowed = caller.allowed
+        if entry is None or (allowed is not None and entry.name not in allowed):
+            names = (n for n in self.registry.entries if allowed is None or n in allowed)
             message = unknown_tool_message(call.name, names, in_session=call.session is not None)
             return Result.failure(call_id, ErrorKind.UNKNOWN_TOOL, message)
-        if entry.is_verifier and prepared is None and call.session is not None:
+        session = call.session
+        if session is None:
+            if entry.needs_session:
+                return Result.failure(
+                    call_id,
+                    ErrorKind.BAD_REQUEST,
+                    f"{call.name} acts on a session's world: send a session id with the call "
+                    f"('session' on /v1/calls, _meta['toolfactory/session'] on MCP)",
+                )
+        elif prepared is None and entry.is_verifier:
             # A verifier called as a tool from a session (a trajectory's calls all carry its
             # session) would show the policy its own gold. Verify requests come with
             # ``prepared``; a sessionless tool call (an evaluation harness) may still score.
             return Result.failure(call_id, ErrorKind.UNAUTHORIZED, verifier_in_session_message(call.name))
-        if entry.needs_session and call.session is None:
-            return Result.failure(
-                call_id,
-                ErrorKind.BAD_REQUEST,
-                f"{call.name} acts on a session's world: send a session id with the call "
-                f"('session' on /v1/calls, _meta['toolfactory/session'] on MCP)",
-            )
         canonical = canonical_arguments(call.arguments)
-        fingerprint = (call.name, call.session, hash(canonical))
-        key = (caller.tenant, call_id)
-        earlier = self._records.earlier(key, fingerprint)
+        fingerprint: Fingerprint = hash((call.name, session, canonical))
+        key = caller.key_prefix + call_id
+        records = self._records
+        earlier = records.earlier(key, call_id, fingerprint)
         if earlier is not None:
             return earlier
         try:
@@ -272,20 +284,26 @@ class Executor:
             )
         except Exception as exc:  # a bug in the tool's own argument checks (pydantic passes it on)
             return tool_failure(call, exc)
-        cache_key = self._records.cache_key(caller.tenant, entry, canonical)
-        if cache_key is not None:
-            hit = self._records.cached(cache_key, call_id)
-            if hit is not None:
-                return hit
-        turn = None
-        if entry.meta.stateful and call.session is not None and not inner:
-            # Inner calls run inside their parent's turn: queueing them behind it would deadlock.
-            turn = self._order.take((caller.tenant, call.session))
-        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn, lent)
-        if entry.inline:
-            result, elapsed = self._runner.run_inline(call, entry, caller, kwargs, lent)
-            self._record(ticket, result, elapsed, store=storable(result))
+        cache_key = None
+        if entry.meta.cacheable:
+            cache_key = records.cache_key(caller.tenant, entry, canonical)
+            if cache_key is not None:
+                hit = records.cached(cache_key, call_id)
+                if hit is not None:
+                    return hit
+        if entry.inline:  # final here and now: nothing in flight to settle, no turn, no slot
+            result = self._runner.run_inline(call, entry, caller, kwargs, lent)
+            error = result.error
+            records.keep(key, fingerprint, cache_key, result, error is None or storable(result))
+            self._stats(entry.name).record(
+                "ok" if error is None else error.kind.value, result.elapsed_ms / 1000.0
+            )
             return result
+        turn = None
+        if entry.meta.stateful and session is not None and not inner:
+            # Inner calls run inside their parent's turn: queueing them behind it would deadlock.
+            turn = self._order.take((caller.tenant, session))
+        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn, lent)
         if not inner:
             self._admission.take(caller.tenant)
         start = time.perf_counter()
@@ -295,7 +313,7 @@ class Executor:
         # ends, but a caller awaiting a task that is already done resumes before it: so
         # _execute times its own result.
         task.add_done_callback(functools.partial(self._settle, ticket, start))
-        self._records.running(key, fingerprint)
+        records.running(key, fingerprint)
         return task
 
     async def _execute(self, ticket: _Ticket, kwargs: dict[str, Any], start: float) -> Result:
@@ -343,15 +361,10 @@ class Executor:
         else:
             result = task.result()
             store, elapsed = storable(result), result.elapsed_ms / 1000.0  # timed in _execute
-        self._record(ticket, result, elapsed, store)
-
-    def _record(self, ticket: _Ticket, result: Result, elapsed: float, store: bool) -> None:
-        """Time the result, keep it (idempotency store, result cache) and count it."""
         result.elapsed_ms = elapsed * 1000.0
-        self._records.keep(ticket.key, ticket.fingerprint, ticket.cache_key, result, store)
-        self.metrics.tool_stats.for_tool(ticket.entry.name).record(
-            "ok" if result.error is None else result.error.kind.value, elapsed
-        )
+        self._records.settle(ticket.key, ticket.fingerprint, ticket.cache_key, result, store)
+        error = result.error
+        self._stats(ticket.entry.name).record("ok" if error is None else error.kind.value, elapsed)
 
 
 @dataclass(slots=True)
@@ -361,7 +374,7 @@ class _Ticket:
     call: Call
     entry: ToolEntry
     caller: Caller
-    key: tuple[str, str]  # (tenant, call_id) in the idempotency store
+    key: str  # where the idempotency store keeps it (Caller.key_prefix + call_id)
     fingerprint: Fingerprint
     cache_key: Any
     inner: bool

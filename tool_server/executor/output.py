@@ -49,7 +49,16 @@ class OutputShaper:
         self.max_images = limits.max_images_per_result
 
     def to_result(self, call_id: str, output: Any) -> Result:
-        if type(output) is dict:  # the common case first
+        if type(output) is dict:  # the common case first, in one step
+            try:
+                encoded = orjson.dumps(output)
+            except TypeError:
+                encoded = None
+            if encoded is not None and len(encoded) <= self.max_structured_bytes:
+                text = encoded.decode()
+                if len(text) > self.max_output_chars:
+                    text = self._cap(text)
+                return Result(call_id, [{"type": "text", "text": text}], output)
             structured, text = self._structured(output)
             return Result(call_id, [{"type": "text", "text": self._cap(text)}], structured)
         if isinstance(output, str):

@@ -89,9 +89,9 @@ class CallRunner:
 
     def run_inline(
         self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any], lent: SessionState | None
-    ) -> tuple[Result, float]:
-        """A bounded, non-blocking sync tool called right here, without a task or thread:
-        its result and how long it took.
+    ) -> Result:
+        """A bounded, non-blocking sync tool called right here, without a task or thread: its
+        result, timed (``elapsed_ms``).
 
         Same steps as ``run`` (``_prepare``, the tool, output shaping), less the timer:
         a timeout cannot stop sync code on the event loop, so a tool that overruns is
@@ -99,13 +99,15 @@ class CallRunner:
         """
         start = time.perf_counter()
         try:
-            kwargs, _ = self._prepare(call, entry, caller, kwargs, lent)
+            if call.session is not None or entry.context_param is not None or entry.request_param is not None:
+                kwargs, _ = self._prepare(call, entry, caller, kwargs, lent)
             result = self.shaper.to_result(call.call_id, entry.func(**kwargs))
         except ToolError as exc:
             result = Result.failure(call.call_id, exc.kind, exc.message)
         except BaseException as exc:  # noqa: BLE001 (SystemExit from a tool must not stop the server)
             result = tool_failure(call, exc)
         elapsed = time.perf_counter() - start
+        result.elapsed_ms = elapsed * 1000.0
         if elapsed > INLINE_WARN_S and entry.name not in self._overran:
             self._overran.add(entry.name)  # once per tool: a GC pause can look like an overrun
             log.warning(
@@ -113,7 +115,7 @@ class CallRunner:
                 entry.name,
                 elapsed * 1000,
             )
-        return result, elapsed
+        return result
 
     async def run(
         self, call: Call, entry: ToolEntry, caller: Caller, kwargs: dict[str, Any], lent: SessionState | None

@@ -1,4 +1,4 @@
-"""The MCP endpoint collects the young GC generation every few requests (SDK cycles)."""
+"""Each MCP request owes the GC pacer the objects the SDK leaves in cycles: collected in small steps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from tool_server.api.mcp import _CollectingEvery
+from tool_server.api.mcp import MCP_CYCLE_OBJECTS, _McpAsgi
+from tool_server.app import build_registry
+from tool_server.config import config_from_dict
+from tool_server.executor.executor import Executor
 
 
 @pytest.fixture
@@ -30,9 +33,12 @@ def collections() -> Iterator[list[int]]:
         gc.callbacks.remove(on_gc)
 
 
-def test_young_generation_is_collected_every_n_requests_even_when_the_app_fails(
+def test_requests_owe_their_cycles_and_collect_every_budget_even_when_the_app_fails(
     collections: list[int],
 ) -> None:
+    config = config_from_dict({"tools": [{"target": "tools.testing:echo"}]}, environ={})
+    executor = Executor(build_registry(config), config)
+    executor.gc_pacer.budget = 3 * MCP_CYCLE_OBJECTS  # a collection every third request
     calls: list[str] = []
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
@@ -40,37 +46,21 @@ def test_young_generation_is_collected_every_n_requests_even_when_the_app_fails(
         if scope["path"] == "/boom":
             raise RuntimeError("handler failed")
 
-    wrapped = _CollectingEvery(app, requests=3, long_lived=lambda: 0, max_long_lived=100)
+    wrapped = _McpAsgi(app, executor)
+
+    def request(path: str) -> dict:
+        return {"type": "http", "method": "PUT", "path": path, "headers": [], "path_params": {}}
 
     async def main() -> None:
         for path in ["/a", "/b"]:
-            await wrapped({"path": path}, None, None)
+            await wrapped(request(path), None, None)  # type: ignore[arg-type]
         assert collections == []
         with pytest.raises(RuntimeError):
-            await wrapped({"path": "/boom"}, None, None)  # the third request, failed: still counted
+            await wrapped(request("/boom"), None, None)  # type: ignore[arg-type]  # the third, failed: counted
         assert collections == [0]
         for path in ["/c", "/d", "/e"]:
-            await wrapped({"path": path}, None, None)
+            await wrapped(request(path), None, None)  # type: ignore[arg-type]
         assert collections == [0, 0]
 
     anyio.run(main)
     assert calls == ["/a", "/b", "/boom", "/c", "/d", "/e"]
-
-
-def test_collection_is_skipped_while_many_long_lived_results_were_stored(collections: list[int]) -> None:
-    stored = [0]
-
-    async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
-        stored[0] += scope["stored"]
-
-    wrapped = _CollectingEvery(app, requests=2, long_lived=lambda: stored[0], max_long_lived=100)
-
-    async def main() -> None:
-        for batch_results in [60, 60]:  # 120 results stored since the start: skip
-            await wrapped({"stored": batch_results}, None, None)
-        assert collections == []
-        for batch_results in [30, 30]:  # 60 since the last decision: collect
-            await wrapped({"stored": batch_results}, None, None)
-        assert collections == [0]
-
-    anyio.run(main)
