@@ -67,7 +67,7 @@ from trainer_client.rollout.types import (
     ToolInvoker,
     Trajectory,
     Verifier,
-    task_environment,
+    bind_session,
 )
 from trainer_client.rollout.user_turns import UserTurns
 from trainer_client.templates.factory import make_renderer
@@ -356,19 +356,8 @@ class RolloutCore:
         return observations
 
     async def _bind(self, s: TrajectoryState) -> None:
-        """Bind the session to the task's environment task (if any) before its first call,
-        so that its world starts from the task's state."""
         s.bound = True
-        environment = task_environment(s.task)
-        if environment is None:
-            return
-        bind = getattr(self.invoker, "create_session", None)
-        if bind is None:
-            raise RuntimeError(
-                f"the task plays {environment} but the tool invoker cannot bind a session "
-                "(it needs create_session(session, environment=...), as ToolClient has)"
-            )
-        await bind(s.session_id, environment=environment)
+        await bind_session(self.invoker, s.session_id, s.task)
 
     async def _verify(self, s: TrajectoryState) -> None:
         name = s.task.verifier or self.config.verifier

@@ -206,3 +206,19 @@ def task_environment(task: Task) -> dict[str, str] | None:
         ):
             return {"pack": source["pack"], "task": source["task"]}
     return None
+
+
+async def bind_session(invoker: Any, session_id: str, task: Task) -> None:
+    """Bind the session to the task's environment task (if any) before its first call, so
+    that its world starts from the task's state: whoever calls first, the agent or the
+    simulated user."""
+    environment = task_environment(task)
+    if environment is None:
+        return
+    bind = getattr(invoker, "create_session", None)
+    if bind is None:
+        raise RuntimeError(
+            f"the task plays {environment} but the tool invoker cannot bind a session "
+            "(it needs create_session(session, environment=...), as ToolClient has)"
+        )
+    await bind(session_id, environment=environment)

@@ -24,7 +24,7 @@ import protocol
 from protocol.messages import new_user_call_id
 from trainer_client.rollout.observations import announce_tools, result_text
 from trainer_client.rollout.state import TrajectoryState
-from trainer_client.rollout.types import RolloutConfig, StopReason, ToolInvoker, task_environment
+from trainer_client.rollout.types import RolloutConfig, StopReason, ToolInvoker, bind_session
 from trainer_client.rollout.user_sim import USER, simulator_messages, user_reply, user_tools_of
 
 __all__ = ["MAX_TOOL_ROUNDS", "UserTurns"]
@@ -157,19 +157,8 @@ class UserTurns:
         return list(results)
 
     async def _bind(self, s: TrajectoryState) -> None:
-        """Bind the session to the task's environment task before its first call, as the
-        core does for the agent's first call (the user may act first)."""
         s.bound = True
-        environment = task_environment(s.task)
-        if environment is None:
-            return
-        bind = getattr(self.invoker, "create_session", None)
-        if bind is None:
-            raise RuntimeError(
-                f"the task plays {environment} but the tool invoker cannot bind a session "
-                "(it needs create_session(session, environment=...), as ToolClient has)"
-            )
-        await bind(s.session_id, environment=environment)
+        await bind_session(self.invoker, s.session_id, s.task)
 
     def _failed(self, s: TrajectoryState, why: str) -> None:
         s.stop_reason = StopReason.USER_ERROR
