@@ -231,6 +231,10 @@ async def callers_main(args: argparse.Namespace) -> None:
         from protocol import Call, new_call_id  # noqa: PLC0415 (from the side's tree)
         from trainer_client.client.tool_client import ToolClient  # noqa: PLC0415
 
+        try:  # as `trainer-client rollout`/`train` do once the model and clients are loaded
+            from trainer_client.gc_tuning import freeze_startup_heap  # noqa: PLC0415
+        except ImportError:  # a ref from before the trainer froze its start-up heap
+            freeze_startup_heap = None
         options: dict[str, Any] = {"max_batch": args.max_batch} if args.max_batch else {}
         latencies: list[float] = []
         errors = 0
@@ -250,6 +254,8 @@ async def callers_main(args: argparse.Namespace) -> None:
             await asyncio.gather(*(caller() for _ in range(args.callers)))
 
         async with ToolClient(url, **options) as client:
+            if freeze_startup_heap is not None:
+                freeze_startup_heap()
             await phase(client, warmup, keep=False)
             before, server_before = client.metrics(), server_cpu(args.server_pid)
             cpu0 = time.process_time()

@@ -281,6 +281,40 @@ def test_scripted_rollout_tests_a_toolset_and_its_verifier_without_a_model(
     assert summary["trajectories"] == 6 and summary["success_rate"] == pytest.approx(1 / 3)
 
 
+def test_a_rollout_freezes_what_start_up_built_so_no_collection_walks_it(
+    arithmetic_data: Path, calculator_server: str, tmp_path: Path
+) -> None:
+    """A full collection of a trainer's heap (torch, transformers, the model: ~360k objects)
+    stalls the event loop that sends the tool calls for ~0.2 s: the rollout freezes that heap
+    once the model and clients are loaded (trainer_client/gc_tuning.py)."""
+    import gc
+
+    gc.unfreeze()  # whatever an earlier test froze: this one counts its own
+    script = write_script(tmp_path / "turns.jsonl", [{"turns": ["<answer>1</answer>"]}])
+    try:
+        code = main(
+            ["rollout", "--server", calculator_server, "--data", str(arithmetic_data), "--limit", "1"]
+            + ["--script", str(script), "--out", str(tmp_path / "o.jsonl"), "--no-progress"]
+        )
+        assert code == 0
+        assert gc.get_freeze_count() > 10_000  # pytest, the client, the tokenizer, ...
+    finally:
+        gc.unfreeze()
+
+
+def test_freezing_does_nothing_while_the_collector_is_off() -> None:
+    import gc
+
+    from trainer_client.gc_tuning import freeze_startup_heap
+
+    gc.unfreeze()
+    gc.disable()
+    try:
+        assert freeze_startup_heap() == 0 and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
 def test_a_script_must_cover_every_row(
     arithmetic_data: Path, calculator_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -243,6 +243,7 @@ async def _rollout(
     script: dict[int, list[str]] | None,
 ) -> dict[str, Any]:
     from trainer_client.client.tool_client import ToolClient
+    from trainer_client.gc_tuning import freeze_startup_heap
     from trainer_client.rollout.core import RolloutCore
 
     async with ToolClient(urls, token=args.token, toolset=args.toolset) as client:
@@ -259,6 +260,7 @@ async def _rollout(
         else:
             with interrupt_at_once():  # loading blocks the event loop: Ctrl-C must still stop it
                 tokenizer, generator, renderer, session_for = hf_backend(args, config)
+        freeze_startup_heap()  # the model and clients live as long as the process: no GC walks them
         core = RolloutCore(
             tokenizer,
             generator,

@@ -68,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trainer_client.gc_tuning import freeze_startup_heap
     from trainer_client.training.grpo import GRPOTrainer
 
     logging.basicConfig(
@@ -81,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"trainer-client train: error: {exc}", file=sys.stderr)
         return 2
-    summary = asyncio.run(GRPOTrainer(config).train())
+    trainer = GRPOTrainer(config)
+    freeze_startup_heap()  # the model, tokenizer and clients live as long as the process
+    summary = asyncio.run(trainer.train())
     print(json.dumps({k: v for k, v in summary.items() if k != "eval_curve"}, indent=2))
     return 0
 
