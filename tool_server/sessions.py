@@ -17,6 +17,9 @@ The guarantees, in the order a caller meets them:
   trajectories, every third of the TTL) restart its ``ttl_s``; one idle longer is closed, so
   the sessions of a client that is gone are closed within ``ttl_s`` plus one sweep. A renewal
   says which of the caller's ids were closed (gone for good) apart from those not opened yet;
+* a session with a call in flight (admitted: queued or running) is never closed for being
+  idle, however long the call takes, and its ``ttl_s`` restarts when that call ends: a call
+  longer than the TTL (an MCP client sends no renewals) never lands in a released world;
 * at most ``max_sessions`` are open, and one tenant holds at most its share
   (``max_per_tenant``, 3/4 of them by default; all of them on a server without tokens,
   which has one tenant); beyond either, new ones are refused as ``overloaded``, so no
@@ -29,6 +32,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Callable
 
 from protocol import ErrorKind, SessionState, ToolError, new_session_id
 from tool_server.config import ConfigError
@@ -62,10 +66,13 @@ class SessionStore:
         max_per_tenant: int | None = None,
         *,
         sole_tenant: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``sole_tenant``: the one tenant of a server without tokens, which may fill the
-        whole table (the executor names ``ANONYMOUS_TENANT``)."""
+        whole table (the executor names ``ANONYMOUS_TENANT``). ``clock``: what idle times are
+        measured with (a test moves its own)."""
         self.ttl_s = ttl_s
+        self.clock = clock
         self.max_sessions = max_sessions
         self.tenant_share = tenant_session_share(max_sessions, max_per_tenant)
         self.sole_tenant = sole_tenant
@@ -73,6 +80,9 @@ class SessionStore:
         self._owners: dict[str, str] = {}
         self._last_used: dict[str, float] = {}
         self._by_tenant: dict[str, int] = {}  # open sessions per owner, against its share
+        # (tenant, session id) -> its calls in flight; keyed by tenant too, so that another
+        # token's calls naming the id (refused when they run) do not keep it open.
+        self._in_flight: dict[tuple[str, str], int] = {}
         # Released ids -> owner: a late call must not resurrect them.
         self._closed: TTLStore[str, str] = TTLStore(4 * max_sessions, CLOSED_TTL_S)
         # Drawn anew by every process: a restarted replica at the same address is told apart.
@@ -89,7 +99,7 @@ class SessionStore:
         """The tenant's session of that id, created on first use. Raises ToolError otherwise."""
         state = self._sessions.get(session_id)
         if state is not None and self._owners[session_id] == tenant:
-            self._last_used[session_id] = time.monotonic()
+            self._last_used[session_id] = self.clock()
             return state
         if state is None and self._closed.get(session_id) is None:
             return self._add(tenant, session_id)
@@ -110,7 +120,7 @@ class SessionStore:
         answered from the cache leaves none, and its trajectory's next call opens it. Another
         tenant's closed id is only ``unknown``: the answer tells nothing of other tokens.
         """
-        now = time.monotonic()
+        now = self.clock()
         unknown, closed = [], []
         for session_id in session_ids:
             if self._owners.get(session_id) == tenant:
@@ -120,6 +130,24 @@ class SessionStore:
             if self._closed.get(session_id) == tenant:
                 closed.append(session_id)
         return unknown, closed
+
+    def call_began(self, key: tuple[str, str]) -> None:
+        """A call of session ``key`` = (tenant, session id) was admitted: until it ends, the
+        session is not swept (it may not be open yet: its first call opens it)."""
+        in_flight = self._in_flight
+        in_flight[key] = in_flight.get(key, 0) + 1
+
+    def call_ended(self, key: tuple[str, str]) -> None:
+        """The call ``call_began`` counted has ended: its session's TTL restarts now."""
+        in_flight = self._in_flight
+        left = in_flight[key] - 1
+        if left:
+            in_flight[key] = left
+        else:
+            del in_flight[key]  # no entry for a session without calls: the table stays small
+        tenant, session_id = key
+        if self._owners.get(session_id) == tenant:
+            self._last_used[session_id] = self.clock()
 
     def share(self, tenant: str) -> int:
         # A server without tokens has one tenant: it may fill the whole table.
@@ -154,7 +182,7 @@ class SessionStore:
         if state is not None:
             if self._owners[session_id] != tenant:
                 raise _taken(session_id)
-            self._last_used[session_id] = time.monotonic()
+            self._last_used[session_id] = self.clock()
             return state
         closed_by = self._closed.get(session_id)
         if closed_by is not None and closed_by != tenant:
@@ -179,7 +207,7 @@ class SessionStore:
         state = SessionState(session_id)
         self._sessions[session_id] = state
         self._owners[session_id] = tenant
-        self._last_used[session_id] = time.monotonic()
+        self._last_used[session_id] = self.clock()
         self._by_tenant[tenant] = held + 1
         return state
 
@@ -200,12 +228,25 @@ class SessionStore:
         return True
 
     async def sweep(self) -> int:
-        """Close sessions idle for longer than the TTL; returns how many were closed."""
-        deadline = time.monotonic() - self.ttl_s
-        expired = [sid for sid, used in self._last_used.items() if used < deadline]
-        for sid in expired:
-            await self.release(None, sid)
-        return len(expired)
+        """Close sessions idle for longer than the TTL; returns how many were closed.
+
+        A session with a call in flight is not idle, whenever it was last used.
+        """
+        deadline = self.clock() - self.ttl_s
+        closed = 0
+        for sid in [sid for sid in self._last_used if self._idle_since(sid, deadline)]:
+            # Checked again: a call may have come for it while an earlier one was closing.
+            if self._idle_since(sid, deadline):
+                await self.release(None, sid)
+                closed += 1
+        return closed
+
+    def _idle_since(self, session_id: str, deadline: float) -> bool:
+        """The session is open, last used before ``deadline`` and has no call in flight."""
+        used = self._last_used.get(session_id)
+        if used is None or used >= deadline:
+            return False
+        return (self._owners[session_id], session_id) not in self._in_flight
 
     async def run_sweeper(self, interval_s: float) -> None:
         while True:

@@ -299,11 +299,20 @@ class Executor:
                 "ok" if error is None else error.kind.value, result.elapsed_ms / 1000.0
             )
             return result
+        session_key: tuple[str, str] | None = None
+        held = session
+        if held is None and prepared is not None and entry.request_param is not None:
+            held = prepared[entry.request_param].session  # a verify request names it there
+        if held is not None:
+            # Until the call ends (_settle), however long it waits or runs, its session is
+            # not swept as idle.
+            session_key = (caller.tenant, held)
+            self.sessions.call_began(session_key)
         turn = None
         if entry.meta.stateful and session is not None and not inner:
             # Inner calls run inside their parent's turn: queueing them behind it would deadlock.
-            turn = self._order.take((caller.tenant, session))
-        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn, lent)
+            turn = self._order.take(session_key)
+        ticket = _Ticket(call, entry, caller, key, fingerprint, cache_key, inner, turn, lent, session_key)
         if not inner:
             self._admission.take(caller.tenant)
         start = time.perf_counter()
@@ -345,8 +354,11 @@ class Executor:
             self._slots.release()
 
     def _settle(self, ticket: _Ticket, start: float, task: asyncio.Task[Result]) -> None:
-        """The call's task has ended: pass its session's turn on, give back its admission,
-        keep and count its result, and hand that to the retries that joined it."""
+        """The call's task has ended: restart its session's TTL and pass its turn on, give
+        back its admission, keep and count its result, and hand that to the retries that
+        joined it."""
+        if ticket.session_key is not None:
+            self.sessions.call_ended(ticket.session_key)
         if ticket.turn is not None:
             ticket.turn.end()
         if not ticket.inner:
@@ -380,6 +392,7 @@ class _Ticket:
     inner: bool
     turn: Turn | None = None
     lent: SessionState | None = None  # an inner call's: its agent call's throwaway session
+    session_key: tuple[str, str] | None = None  # (tenant, session id): counted in flight
 
 
 def unknown_tool_message(name: str, names: Iterable[str], *, in_session: bool = False) -> str:
