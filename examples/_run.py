@@ -28,6 +28,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "examples" / "results"
+PROCEDURAL_PACK = "tools.envs.procedural:pack"
 
 
 _STARTED = time.monotonic()
@@ -102,8 +103,15 @@ def parse_schedule(parser: argparse.ArgumentParser, argv: list[str] | None) -> a
     return args
 
 
-def schedule_flags(args: argparse.Namespace) -> list[str]:
-    """The ``trainer-client train`` flags of the shared options (sampled and greedy held-out evaluation)."""
+def schedule_flags(args: argparse.Namespace, *, greedy_only: bool = False) -> list[str]:
+    """The ``trainer-client train`` flags of the shared options.
+
+    Held-out evaluation: sampled at ``--temperature``, then greedy; ``greedy_only``: greedy
+    alone (one evaluation per checkpoint instead of two).
+    """
+    eval_temperature, greedy = (
+        ("0", "--no-greedy-eval") if greedy_only else (str(args.temperature), "--greedy-eval")
+    )
     flags = [
         "--out-dir", str(args.out),
         "--steps", str(args.steps),
@@ -112,9 +120,9 @@ def schedule_flags(args: argparse.Namespace) -> list[str]:
         "--micro-batch-size", str(args.micro_batch_size),
         "--lr", str(args.lr),
         "--temperature", str(args.temperature),
-        "--eval-temperature", str(args.temperature),
+        "--eval-temperature", eval_temperature,
         "--eval-samples", str(args.eval_samples),
-        "--greedy-eval",
+        greedy,
         "--eval-size", str(args.eval_size),
         "--eval-every", str(args.eval_every),
         "--save-every", str(args.save_every),
@@ -127,6 +135,51 @@ def schedule_flags(args: argparse.Namespace) -> list[str]:
     if args.engine != "hf":
         flags += ["--engine", args.engine]  # the trainer starts vLLM and pushes weights each step
     return flags
+
+
+def pack_arguments(args: argparse.Namespace, levels: list[int]) -> dict[str, object]:
+    """The arguments of the procedural pack of a run (``--world``, ``--seed``, ``--tasks``) at
+    ``levels``: the server builds the same pack (same id) from them."""
+    from tools.envs.procedural import world_module
+
+    # parameter_expansion 0: no optional arguments in the gold calls (a 135M model copies
+    # the shown arguments; an optional filter it was never shown is out of its reach).
+    # Every task exposes every tool of the world (the rest as distractors): then every
+    # prompt has the same system text and worked examples, the generator computes that
+    # shared prefix once per batch, and a step takes minutes instead of ten.
+    return {
+        "world": args.world,
+        "seed": args.seed,
+        "tasks": args.tasks,
+        "levels": levels,
+        "distractors": len(world_module(args.world).TOOLS),
+        "toolset_extension": 1.0,
+        "parameter_expansion": 0.0,
+    }
+
+
+def few_shot_splits(
+    pack: Any, args: argparse.Namespace, levels: list[int], shots: int, **prompt: Any
+) -> dict[str, list[dict[str, Any]]]:
+    """The train/test rows of a procedural pack at ``levels``, as ``python -m tools.data build
+    --tasks env:...`` builds them (``--seed``, ``--test-fraction``), with few-shot text prompts:
+    SmolLM2's chat template renders neither tool schemas nor ``tool_calls``, so the tools, the
+    call format and ``shots`` worked examples are written out (``prompt``: ``few_shot_rows``'s
+    options, e.g. ``example_levels``, ``call_format``)."""
+    from tools.data.env_prompts import few_shot_rows
+    from tools.data.environments import build_rows
+
+    rows = build_rows(pack, seed=args.seed, test_fraction=args.test_fraction, levels=levels)
+    return few_shot_rows(pack, rows, shots, levels, args.seed, **prompt)
+
+
+def procedural_server_config(arguments: dict[str, object]) -> dict[str, object]:
+    """A tool server that serves the procedural pack of ``arguments`` (``pack_arguments``): its
+    tools as the toolset ``<pack id>``, and the ``tool_use`` verifier."""
+    return {
+        "server": {"shutdown_grace_s": 2, "log_level": "warning"},
+        "environments": [{"source": PROCEDURAL_PACK, "arguments": arguments}],
+    }
 
 
 def free_port() -> int:

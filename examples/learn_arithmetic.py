@@ -41,22 +41,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "examples")]  # tools, trainer_client; _run beside this file
 
-sys.path.insert(0, str(REPO / "examples"))
-
-from _run import (  # noqa: E402
-    add_schedule_options,
-    exit_on_sigterm,
-    main_interruptible,
-    parse_schedule,
-    publish,
-    run_trainer,
-    say,
-    say_plan,
-    schedule_flags,
-    tool_server,
-)
+import _run  # noqa: E402
 
 from tools.data import arithmetic, write_parquet  # noqa: E402
 
@@ -101,14 +88,14 @@ def train_argv(args: argparse.Namespace, url: str, train: Path, test: Path) -> l
         "--max-obs-tokens", "64",
         "--verifier", REWARD_VERIFIER,
         "--eval-verifier", "math_equal",
-        *schedule_flags(args),
+        *_run.schedule_flags(args),
     ]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_schedule_options(
+    _run.add_schedule_options(
         parser, out="learn_arithmetic", temperature=0.7, eval_size=64, eval_every=10, threads=2,
         eval_samples=2, max_minutes=60,
     )  # fmt: skip
@@ -118,20 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parse_schedule(parser, argv)
-    say(
+    args = _run.parse_schedule(parser, argv)
+    _run.say(
         f"building the arithmetic task: {args.n_train} training and 200 held-out problems in {args.out / 'data'}"
     )
     train, test = build_data(args.out, args.n_train, 200, args.seed)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    exit_on_sigterm()
-    with tool_server(args.out, SERVER_CONFIG, args.port) as url:
-        say_plan(args)
-        code = run_trainer(train_argv(args, url, train, test))
+    _run.exit_on_sigterm()
+    with _run.tool_server(args.out, SERVER_CONFIG, args.port) as url:
+        _run.say_plan(args)
+        code = _run.run_trainer(train_argv(args, url, train, test))
     if code == 0 and args.publish:
-        publish(args.out, args.publish)
+        _run.publish(args.out, args.publish)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main_interruptible(main))
+    sys.exit(_run.main_interruptible(main))

@@ -42,28 +42,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "examples"))
+sys.path[:0] = [str(REPO), str(REPO / "examples")]  # tools, trainer_client; _run beside this file
 
-from _run import (  # noqa: E402
-    add_schedule_options,
-    exit_on_sigterm,
-    main_interruptible,
-    parse_schedule,
-    publish,
-    run_trainer,
-    say,
-    say_plan,
-    schedule_flags,
-    tool_server,
-)
+import _run  # noqa: E402
 
 from tools.data import write_parquet  # noqa: E402
-from tools.data.env_prompts import few_shot_rows  # noqa: E402
-from tools.data.environments import build_rows  # noqa: E402
-from tools.envs.procedural import pack, world_module  # noqa: E402
+from tools.envs.procedural import pack  # noqa: E402
 
-SOURCE = "tools.envs.procedural:pack"
 LEVELS = [1, 2]
 # The train reward: the right calls carry it. With the default weights a bare guess
 # ("<answer>open</answer>", no call) scored 0.6 and beat a call with a wrong argument: a
@@ -73,39 +58,18 @@ TRAIN_WEIGHTS = {"calls": 0.4, "f1": 0.2, "answer": 0.2, "state": 0.1, "state_fr
 
 
 def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
-    """The pack's arguments: the server builds the same pack (same id) from them."""
-    # parameter_expansion 0: no optional arguments in the gold calls (a 135M model copies
-    # the shown arguments; an optional filter it was never shown is out of its reach).
-    # Every task exposes every tool of the world (the rest as distractors): then every
-    # prompt has the same system text and worked examples, the generator computes that
-    # shared prefix once per batch, and a step takes minutes instead of ten.
-    return {
-        "world": args.world,
-        "seed": args.seed,
-        "tasks": args.tasks,
-        "levels": LEVELS,
-        "distractors": len(world_module(args.world).TOOLS),
-        "toolset_extension": 1.0,
-        "parameter_expansion": 0.0,
-    }
+    """The pack's arguments (levels 1-2): the server builds the same pack (same id) from them."""
+    return _run.pack_arguments(args, LEVELS)
 
 
 def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     """The pack id and the train/test parquet files (few-shot text prompts)."""
     p = pack(**pack_arguments(args))
-    rows = build_rows(p, seed=args.seed, test_fraction=args.test_fraction, levels=LEVELS)
-    rows = few_shot_rows(p, rows, args.shots, LEVELS, args.seed)
+    rows = _run.few_shot_splits(p, args, LEVELS, args.shots)
     paths = [
         write_parquet(rows[split], args.out / "data" / f"{split}.parquet") for split in ("train", "test")
     ]
     return p.id, paths[0], paths[1]
-
-
-def server_config(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "server": {"shutdown_grace_s": 2, "log_level": "warning"},
-        "environments": [{"source": SOURCE, "arguments": pack_arguments(args)}],
-    }
 
 
 def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
@@ -126,14 +90,14 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
         "--verifier-args", json.dumps({"mode": "train", "weights": TRAIN_WEIGHTS}),
         "--eval-verifier", "tool_use",
         "--eval-verifier-args", json.dumps({"mode": "eval"}),
-        *schedule_flags(args),
+        *_run.schedule_flags(args),
     ]  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_schedule_options(
+    _run.add_schedule_options(
         parser, out="learn_environment", temperature=0.5, eval_size=40, eval_every=8, threads=2,
         eval_samples=2, max_minutes=55,
     )  # fmt: skip
@@ -146,20 +110,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parse_schedule(parser, argv)
-    say(
+    args = _run.parse_schedule(parser, argv)
+    _run.say(
         f"building the {args.world} world's pack ({args.tasks} tasks, levels 1-2) and its rows in {args.out / 'data'}"
     )
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    exit_on_sigterm()
-    with tool_server(args.out, server_config(args), args.port) as url:
-        say_plan(args)
-        code = run_trainer(train_argv(args, url, pack_id, train, test))
+    _run.exit_on_sigterm()
+    with _run.tool_server(args.out, _run.procedural_server_config(pack_arguments(args)), args.port) as url:
+        _run.say_plan(args)
+        code = _run.run_trainer(train_argv(args, url, pack_id, train, test))
     if code == 0 and args.publish:
-        publish(args.out, args.publish)
+        _run.publish(args.out, args.publish)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main_interruptible(main))
+    sys.exit(_run.main_interruptible(main))

@@ -36,60 +36,28 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "examples"))
+sys.path[:0] = [str(REPO), str(REPO / "examples")]  # tools, trainer_client; _run beside this file
 
-from _run import (  # noqa: E402
-    RESULTS,
-    add_schedule_options,
-    exit_on_sigterm,
-    main_interruptible,
-    parse_schedule,
-    publish,
-    run_trainer,
-    schedule_flags,
-    tool_server,
-)
+import _run  # noqa: E402
 
 from tools.data import write_parquet  # noqa: E402
-from tools.data.env_prompts import MULTI_CALL_FORMAT, few_shot_rows  # noqa: E402
-from tools.data.environments import build_rows  # noqa: E402
-from tools.envs.procedural import pack, world_module  # noqa: E402
+from tools.data.env_prompts import MULTI_CALL_FORMAT  # noqa: E402
+from tools.envs.procedural import pack  # noqa: E402
 
-SOURCE = "tools.envs.procedural:pack"
 LEVELS = [1, 2, 3]
 EXAMPLE_LEVELS = [1, 2, 3, 4]  # one worked example each: 1, 2, 2 chained and 3 calls
 
 
 def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
-    """The pack's arguments (the server builds the same pack, same id, from them).
-
-    Every task exposes every tool (one shared prompt prefix, computed once per batch);
-    no optional arguments in gold calls (parameter_expansion 0), as in learn_environment.
-    """
-    return {
-        "world": args.world,
-        "seed": args.seed,
-        "tasks": args.tasks,
-        "levels": LEVELS,
-        "distractors": len(world_module(args.world).TOOLS),
-        "toolset_extension": 1.0,
-        "parameter_expansion": 0.0,
-    }
+    """The pack's arguments (levels 1-3): the server builds the same pack (same id) from them."""
+    return _run.pack_arguments(args, LEVELS)
 
 
 def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     """The pack id and the train/test parquet files (few-shot text prompts)."""
     p = pack(**pack_arguments(args))
-    rows = build_rows(p, seed=args.seed, test_fraction=args.test_fraction, levels=LEVELS)
-    rows = few_shot_rows(
-        p,
-        rows,
-        len(EXAMPLE_LEVELS),
-        LEVELS,
-        args.seed,
-        example_levels=EXAMPLE_LEVELS,
-        call_format=MULTI_CALL_FORMAT,
+    rows = _run.few_shot_splits(
+        p, args, LEVELS, len(EXAMPLE_LEVELS), example_levels=EXAMPLE_LEVELS, call_format=MULTI_CALL_FORMAT
     )
     # held out: up to eval_size / 3 tasks of each level (the first ones of the test split)
     per_level = max(1, args.eval_size // len(LEVELS))
@@ -101,13 +69,6 @@ def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     train = write_parquet(rows["train"], args.out / "data" / "train.parquet")
     held_out = write_parquet(test, args.out / "data" / "test.parquet")
     return p.id, train, held_out
-
-
-def server_config(args: argparse.Namespace) -> dict[str, object]:
-    return {
-        "server": {"shutdown_grace_s": 2, "log_level": "warning"},
-        "environments": [{"source": SOURCE, "arguments": pack_arguments(args)}],
-    }
 
 
 def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
@@ -132,10 +93,8 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
         "--verifier-args", json.dumps(reward),
         "--eval-verifier", "tool_use",
         "--eval-verifier-args", json.dumps({"mode": "eval"}),
-        *schedule_flags(args),
+        *_run.schedule_flags(args, greedy_only=not args.sampled_eval),
     ]  # fmt: skip
-    if not args.sampled_eval:  # held out greedily only: one evaluation per checkpoint instead of two
-        argv += ["--eval-temperature", "0", "--no-greedy-eval"]
     if args.curriculum:
         argv += [
             "--curriculum",
@@ -215,19 +174,19 @@ def plot_levels(curves: dict[str, Any], png: Path) -> None:
 def publish_levels(out: Path, name: str, command: list[str]) -> None:
     """``_run.publish`` (summary JSON, reward plot), then the per-level curves added to the JSON and
     the per-level plot as NAME.png."""
-    publish(out, name)
+    _run.publish(out, name)
     curves = level_curves(out / "metrics.jsonl")
-    path = RESULTS / f"{name}.json"
+    path = _run.RESULTS / f"{name}.json"
     summary = json.loads(path.read_text())
     summary["per_level"] = curves
     summary["command"] = " ".join(command)
     path.write_text(json.dumps(summary, indent=2) + "\n")
-    plot_levels(curves, RESULTS / f"{name}.png")
+    plot_levels(curves, _run.RESULTS / f"{name}.png")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_schedule_options(
+    _run.add_schedule_options(
         parser, out="learn_multistep", temperature=0.5, eval_size=45, eval_every=0, threads=1
     )
     parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
@@ -249,17 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--weights", default=None, help="tool_use train weights as JSON (default: the verifier's)"
     )
-    args = parse_schedule(parser, argv)
+    args = _run.parse_schedule(parser, argv)
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    exit_on_sigterm()
-    with tool_server(args.out, server_config(args), args.port) as url:
+    _run.exit_on_sigterm()
+    with _run.tool_server(args.out, _run.procedural_server_config(pack_arguments(args)), args.port) as url:
         command = train_argv(args, url, pack_id, train, test)
-        code = run_trainer(command)
+        code = _run.run_trainer(command)
     if code == 0 and args.publish:
         publish_levels(args.out, args.publish, [sys.executable, *sys.argv])
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main_interruptible(main))
+    sys.exit(_run.main_interruptible(main))

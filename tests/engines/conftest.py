@@ -3,7 +3,8 @@
 It serves the packaged SmolLM2-135M-Instruct as ``trainer-client serve-model`` does (bf16,
 eager, 1 GiB KV cache), with the weight-sync endpoints on, and is stopped after the
 package's last test. Starting it takes 30-50 s on a quiet machine and up to ~3 min on a
-loaded one (RSS ~3.5 GB), so the tests share it and allow for a slow start.
+loaded one (RSS ~3.5 GB), so the tests share it and allow for a slow start. A module that
+needs other settings (vLLM's tool-call parser) starts its own with ``started_vllm``.
 
 Without .venv-vllm the tests are skipped, saying so, unless ``TOOLFACTORY_REQUIRE_VLLM=1``
 (set by ``make test``, which builds .venv-vllm): then a missing or broken vLLM fails them.
@@ -12,6 +13,7 @@ Without .venv-vllm the tests are skipped, saying so, unless ``TOOLFACTORY_REQUIR
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,16 +34,24 @@ REQUIRE_VLLM = os.environ.get("TOOLFACTORY_REQUIRE_VLLM") == "1"
 STARTUP_TIMEOUT_S = 1200.0  # a loaded 2-core machine has taken ~3 min; leave room
 
 
-@pytest.fixture(scope="package")
-def vllm_server() -> Iterator[LocalVLLMServer]:
+@contextlib.contextmanager
+def started_vllm(**settings: Any) -> Iterator[LocalVLLMServer]:
+    """A vLLM server for the packaged SmolLM2 with these ``VLLMServerSettings`` fields, stopped
+    on exit. Without .venv-vllm the test is skipped, or failed under ``TOOLFACTORY_REQUIRE_VLLM=1``."""
     try:
         vllm_python()
     except FileNotFoundError as exc:
         if REQUIRE_VLLM:
             pytest.fail(f"{exc} (TOOLFACTORY_REQUIRE_VLLM=1: `make test` builds it)", pytrace=False)
         pytest.skip(f"{exc}; set TOOLFACTORY_REQUIRE_VLLM=1 to make this a failure")
-    settings = VLLMServerSettings(resolve_model_path("smollm2"), weight_sync=True)
-    with local_vllm_server(settings, startup_timeout_s=STARTUP_TIMEOUT_S) as server:
+    config = VLLMServerSettings(resolve_model_path("smollm2"), **settings)
+    with local_vllm_server(config, startup_timeout_s=STARTUP_TIMEOUT_S) as server:
+        yield server
+
+
+@pytest.fixture(scope="package")
+def vllm_server() -> Iterator[LocalVLLMServer]:
+    with started_vllm(weight_sync=True) as server:
         yield server
 
 

@@ -20,20 +20,15 @@ from typing import Any
 
 import pytest
 
-from tests.engines.conftest import REQUIRE_VLLM, STARTUP_TIMEOUT_S
+from tests.engines.conftest import started_vllm
 from tests.envs.tau2.parity import Call, Trajectory, served
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.data.environments import task_row
 from tools.envs.pack import Pack
 from tools.envs.tau2 import packs as tau2
-from trainer_client.backends.models import load_tokenizer, resolve_model_path
+from trainer_client.backends.models import load_tokenizer
 from trainer_client.backends.scripted import ScriptedGenerator, ScriptedTurn
-from trainer_client.backends.vllm_server import (
-    LocalVLLMServer,
-    VLLMServerSettings,
-    local_vllm_server,
-    vllm_python,
-)
+from trainer_client.backends.vllm_server import LocalVLLMServer
 from trainer_client.client.tool_client import ToolClient
 from trainer_client.rollout.core import RolloutConfig, RolloutCore, StopReason
 from trainer_client.rollout.core import Trajectory as Rollout
@@ -46,14 +41,7 @@ TOOL_CALLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 @pytest.fixture(scope="module")
 def vllm_with_tools() -> Iterator[LocalVLLMServer]:
-    try:
-        vllm_python()
-    except FileNotFoundError as exc:
-        if REQUIRE_VLLM:
-            pytest.fail(f"{exc} (TOOLFACTORY_REQUIRE_VLLM=1: `make test` builds it)", pytrace=False)
-        pytest.skip(f"{exc}; set TOOLFACTORY_REQUIRE_VLLM=1 to make this a failure")
-    settings = VLLMServerSettings(resolve_model_path("smollm2"), extra_args=TOOL_CALLS)
-    with local_vllm_server(settings, startup_timeout_s=STARTUP_TIMEOUT_S) as server:
+    with started_vllm(extra_args=TOOL_CALLS) as server:
         yield server
 
 
