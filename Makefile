@@ -29,7 +29,7 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup system demo test test-engines lint bench serve clean vllm model-server
+.PHONY: setup system demo test test-engines lint bench serve clean vllm model-server peers
 
 setup: system $(STAMP)
 
@@ -64,6 +64,27 @@ $(VLLM_STAMP): compose/vllm-requirements.txt compose/vllm-constraints.txt
 
 vllm: $(VLLM_STAMP)
 
+# Peers the benchmarks measure against, in their OWN virtual environment (never .venv; not part of
+# `make test`): OpenEnv 0.10.0 for bench/single_calls.py, which serves its echo environment (the
+# template `python -m openenv.cli init` writes: the package ships no envs/echo_env) and drives its
+# WebSocket /ws beside our /v1/calls and /v1/stream. `openenv-core` on PyPI is an older package line
+# (0.3.0) of the same code. uvloop, httptools and websockets at .venv's versions: both servers then
+# run on the same uvicorn event loop, HTTP parser and WebSocket code, so the bench compares the
+# frameworks, not those. ~1 min, ~490 MB.
+PEERS_VENV := .venv-peers
+PEERS_PY := $(PEERS_VENV)/bin/python
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_PACKAGES := openenv==0.10.0 uvloop==0.23.0 httptools==0.9.0 websockets==16.1.1
+
+$(PEERS_STAMP):
+	test -d $(PEERS_VENV) || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_PY) -m pip install --quiet --upgrade pip
+	$(PEERS_PY) -m pip install --quiet $(PEERS_PACKAGES)
+	$(PEERS_PY) -c "import openenv.cli.commands.init, openenv.core.env_server.http_server"  # fails here, not mid-bench
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+
 # A local OpenAI-compatible server for the packaged SmolLM2 on http://127.0.0.1:8001/v1 (Ctrl-C stops it).
 model-server: setup vllm
 	$(VENV)/bin/trainer-client serve-model
@@ -92,4 +113,4 @@ serve: setup
 	$(VENV)/bin/tool-server serve
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) .pytest_cache .ruff_cache

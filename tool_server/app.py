@@ -14,13 +14,14 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
 
 from tool_server.api.auth import AuthMiddleware, BodyLimitMiddleware, bound_addresses, load_tokens
 from tool_server.api.mcp import McpEndpoint
 from tool_server.api.origin import HostPolicy, RequestOriginMiddleware
 from tool_server.api.retrieve import RetrieveEndpoint
 from tool_server.api.routes import HttpApi, error_response
+from tool_server.api.stream import CallStream
 from tool_server.config import Config, ConfigError
 from tool_server.executor.executor import Executor
 from tool_server.metrics import Metrics
@@ -101,9 +102,18 @@ def create_app(
     allowed_hosts = [*config.server.allowed_hosts, *config.mcp.allowed_hosts]
     hosts = HostPolicy.build(bound_addresses(bind_host), allowed_hosts, tokens=bool(tokens))
     upstreams = _upstreams(build_upstreams(config), registry, config.default_toolset)
-    # Starlette tries routes in order: the hot ones (/v1/calls, then MCP) come first.
+    # Starlette tries routes in order: the hot ones (/v1/calls, the stream, then MCP) come first.
     calls_route, *other_routes = api.routes()
-    routes: list[Any] = [calls_route]
+    stream = CallStream(
+        api,
+        max_frame_bytes=config.limits.max_request_bytes,
+        max_in_flight=config.limits.max_calls_per_batch,
+    )
+    routes: list[Any] = [
+        calls_route,
+        WebSocketRoute("/v1/stream", stream),
+        Route("/v1/stream", _stream_over_http, methods=["GET"]),
+    ]
     mcp = McpEndpoint(executor, config, bind_host) if config.mcp.enabled else None
     if mcp is not None:
         routes += [
@@ -193,6 +203,17 @@ def create_app(
     app.state.tokens = tokens
     app.state.sandbox_users = sandboxed
     return app
+
+
+async def _stream_over_http(request: Request) -> Response:
+    """A plain GET of the stream: say that it is a WebSocket (426 Upgrade Required)."""
+    return error_response(
+        426,
+        "bad_request",
+        "/v1/stream is a WebSocket: connect to ws://HOST:PORT/v1/stream (wss:// behind TLS), e.g. with "
+        "trainer_client.client.stream.StreamClient; POST /v1/calls takes the same calls over HTTP",
+        {"Upgrade": "websocket"},
+    )
 
 
 def _upstreams(servers: list[Any], registry: Registry, default_toolset: str | None) -> Any:

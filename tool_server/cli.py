@@ -18,6 +18,10 @@ from tool_server.api.origin import HostPolicy
 from tool_server.config import DEFAULT_CONFIG_PATH, Config, ConfigError, load_config
 from tool_server.registry import ALL_TOOLSETS, Registry
 
+# Keepalive pings on /v1/stream connections: one every interval, closed when a pong is later.
+WS_PING_INTERVAL_S = 20.0
+WS_PING_TIMEOUT_S = 20.0
+
 
 def _add_config_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -245,7 +249,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
             print(f"tool-server: {refusal}", file=sys.stderr)
             return 2
     tune_gc(config.server.gc_threshold)
-    from tool_server.api.connections import guarded_protocol, limits_from_config
+    from tool_server.api.connections import guarded_protocol, guarded_websocket_protocol, limits_from_config
 
     protocol = guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s))
     app.state.connection_guard = protocol.guard  # its counts go to /metrics
@@ -262,6 +266,15 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
         timeout_keep_alive=config.server.keep_alive_s,  # type: ignore[arg-type]  # a float works
         limit_concurrency=None,
         backlog=4096,
+        # /v1/stream (api/stream.py): counted as connections; a frame is a request body, so the
+        # same size limit, refused before it is read whole; pings find dead peers (an unanswered
+        # one closes the connection). No per-message deflate: it costs CPU on every frame, and
+        # the HTTP answers are not compressed either.
+        ws=guarded_websocket_protocol(protocol.guard),
+        ws_max_size=config.limits.max_request_bytes,
+        ws_ping_interval=WS_PING_INTERVAL_S,
+        ws_ping_timeout=WS_PING_TIMEOUT_S,
+        ws_per_message_deflate=False,
     )
     return 0
 

@@ -253,3 +253,30 @@ def echo_calls(replica: ServerProcess) -> int:
             )
         )
     )
+
+
+async def test_a_stream_naming_its_session_reaches_the_sessions_replica_behind_nginx(
+    fleet: tuple[str, list[ServerProcess]],
+) -> None:
+    """The WebSocket upgrade passes through the shipped config, and a stream that names its
+    session at the handshake is hashed like the session's other requests: each episode's calls
+    land on one replica, in order, and the episodes spread out."""
+    from trainer_client.client.stream import StreamClient
+
+    url, replicas = fleet
+
+    async def episode(session: str) -> list[list[str]]:
+        async with StreamClient(url, session=session, timeout_s=60) as stream:
+            seen = []
+            for line in ("1", "2", "3"):
+                result = await stream.call("notebook", {"put": line}, session=session)
+                assert not result.is_error, result
+                seen.append(result.structured["lines"])
+            return seen
+
+    sessions = [new_session_id() for _ in range(12)]
+    seen = await asyncio.gather(*(episode(s) for s in sessions))
+    assert all(continuous(s) for s in seen), seen
+    where = homes(replicas, sessions)
+    assert all(len(urls) == 1 for urls in where.values()), where
+    assert len({urls[0] for urls in where.values()}) >= 2, where

@@ -1,7 +1,9 @@
-"""What the server speaks: the batched HTTP API, the MCP endpoint, its OpenAPI description,
-the Search-R1 ``/retrieve`` route, and the auth, size and connection limits in front of them.
+"""What the server speaks: the batched HTTP API and its WebSocket stream, the MCP endpoint,
+its OpenAPI description, the Search-R1 ``/retrieve`` route, and the auth, size and connection
+limits in front of them.
 
 * ``routes``: ``/v1/calls``, ``/v1/verify``, ``/v1/tools``, sessions, health (``HttpApi``);
+* ``stream``: ``/v1/stream``, the same calls over one WebSocket, answered as they finish (``CallStream``);
 * ``mcp``: the official MCP SDK's low-level server over the registry and executor;
 * ``openapi``: the OpenAPI 3.1 document of the HTTP API;
 * ``retrieve``: Search-R1's ``POST /retrieve``, served by a configured search tool;

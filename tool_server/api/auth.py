@@ -111,12 +111,18 @@ def error_body(path: str, kind: str, message: str) -> dict:
 
 
 async def send_json(
-    send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    body: dict,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    *,
+    prefix: str = "http",
 ) -> None:
+    """An HTTP answer with a JSON body; ``prefix="websocket.http"`` refuses a WebSocket handshake."""
     payload = orjson.dumps(body)
     await send(
         {
-            "type": "http.response.start",
+            "type": f"{prefix}.response.start",
             "status": status,
             "headers": [
                 (b"content-type", b"application/json"),
@@ -125,11 +131,38 @@ async def send_json(
             + (headers or []),
         }
     )
-    await send({"type": "http.response.body", "body": payload})
+    await send({"type": f"{prefix}.response.body", "body": payload})
+
+
+# Scopes a middleware checks: plain requests and WebSocket handshakes (GET /v1/stream). Any
+# other (lifespan) passes through.
+GUARDED_SCOPES = frozenset({"http", "websocket"})
+_DENIAL_RESPONSE = "websocket.http.response"  # the ASGI extension uvicorn offers
+
+
+async def refuse(
+    scope: Scope, send: Send, status: int, body: dict, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Refuse a request, or a WebSocket handshake before it is accepted, with our JSON error.
+
+    A handshake gets the same HTTP answer as a request where the server speaks the ASGI
+    ``websocket.http.response`` extension (uvicorn does); elsewhere a close before accept,
+    which the server sends as a bare 403. Either way no WebSocket is opened.
+    """
+    if scope["type"] == "http":
+        await send_json(send, status, body, headers)
+    elif _DENIAL_RESPONSE in (scope.get("extensions") or {}):
+        await send_json(send, status, body, headers, prefix="websocket.http")
+    else:
+        await send({"type": "websocket.close", "code": 1008})  # 1008: policy violation
 
 
 class AuthMiddleware:
-    """Checks ``Authorization: Bearer``; stores the token's allowed toolsets in ``scope["state"]``."""
+    """Checks ``Authorization: Bearer``; stores the token's allowed toolsets in ``scope["state"]``.
+
+    A WebSocket handshake is checked as a request is: its token decides the tenant and the
+    toolsets of the whole connection, and without a valid one no WebSocket is opened (401).
+    """
 
     def __init__(self, app: ASGIApp, tokens: list[Token], public_paths: list[str]) -> None:
         self.app = app
@@ -137,7 +170,7 @@ class AuthMiddleware:
         self.public = set(public_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.tokens:
+        if scope["type"] not in GUARDED_SCOPES or not self.tokens:
             await self.app(scope, receive, send)
             return
         token = self._match(scope)
@@ -154,7 +187,7 @@ class AuthMiddleware:
         if token is None:
             message = "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
             body = error_body(scope["path"], "unauthorized", message)
-            await send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="toolfactory"')])
+            await refuse(scope, send, 401, body, [(b"www-authenticate", b'Bearer realm="toolfactory"')])
             return
         state = scope.setdefault("state", {})
         state["toolsets"] = token.toolsets
@@ -186,7 +219,7 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http":  # a WebSocket's frames: limited by api/stream.py and ws_max_size
             await self.app(scope, receive, send)
             return
         for name, value in scope["headers"]:

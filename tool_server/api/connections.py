@@ -21,6 +21,11 @@ limit. ``GuardedProtocol``, passed to uvicorn as ``http=``, adds:
 Both timers count only while the server is reading: when uvicorn pauses reading (flow
 control, pipelined requests), the wait is the server's, not the client's.
 
+A connection upgraded to a WebSocket (``/v1/stream``) stays counted while it is open
+(``GuardedWebSocketProtocol``, passed to uvicorn as ``ws=``), as one with a request in progress:
+it is never evicted (its client may be between two calls of an episode, waiting for its model),
+so WebSockets cannot take fds past the cap either.
+
 uvicorn's ``limit_concurrency`` does not fit: it answers 503 only once the headers are
 complete (a slow-loris never gets there, and the refused connection stays open until it
 does), and it counts running requests as well, so a burst of in-flight batches would be
@@ -39,6 +44,7 @@ from typing import Any, ClassVar
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 log = logging.getLogger("tool_server.api.connections")
 
@@ -298,9 +304,37 @@ class GuardedProtocol(HttpToolsProtocol):
             self.guard.waiting.pop(self, None)
 
 
+class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, counted in the guard from the upgrade until it closes.
+
+    ``GuardedProtocol.handle_websocket_upgrade`` stops counting the HTTP connection and hands
+    its transport to this one, which counts it again: the count of open fds stays whole. Not
+    evictable (module docstring). Use ``guarded_websocket_protocol(guard)``.
+    """
+
+    guard: ClassVar[ConnectionGuard]
+    _counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._counted = True
+        self.guard.open += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._counted:
+            self._counted = False
+            self.guard.open -= 1
+        super().connection_lost(exc)
+
+
 def guarded_protocol(limits: ConnectionLimits) -> type[GuardedProtocol]:
     """A protocol class for ``uvicorn.run(http=...)`` with its own shared state."""
     return type("GuardedHttpToolsProtocol", (GuardedProtocol,), {"guard": ConnectionGuard(limits)})
+
+
+def guarded_websocket_protocol(guard: ConnectionGuard) -> type[GuardedWebSocketProtocol]:
+    """A protocol class for ``uvicorn.run(ws=...)`` counted in ``guard`` (the HTTP protocol's)."""
+    return type("GuardedWebSocketsProtocol", (GuardedWebSocketProtocol,), {"guard": guard})
 
 
 def raise_fd_limit() -> int:

@@ -90,6 +90,22 @@ VERIFY_RESULT = {
 }
 
 
+# OpenAPI has no words for WebSocket frames: the stream's are described here (api/stream.py).
+STREAM_DESCRIPTION = (
+    "GET /v1/stream opens a WebSocket for callers that make one call at a time (an agent "
+    "framework, an environment step loop). The handshake's bearer token and X-Toolfactory-Instance "
+    "header hold for every frame. Client frames (text or binary JSON): a POST /v1/calls body "
+    '{"calls": [call, ...]}, or {"release": "<session id>"}. For each calls frame the server sends '
+    '{"results": [...]}, byte for byte what POST /v1/calls answers, when the calls of that frame are done: '
+    "frames run concurrently, so match results by call_id. Where the POST would answer 429 or 413, "
+    "each call gets a failure result of kind overloaded (retry it with the same call_id) or too_large. "
+    'A release is answered {"released": id} or {"error": {...}, "release": id}; a frame that does '
+    'not decode {"error": {"kind": "bad_request", ...}}. A frame over limits.max_request_bytes closes '
+    "the connection with code 1009; at most limits.max_calls_per_batch frames are in flight per "
+    "connection (the server stops reading beyond). Refusals (401, 403, 421) come at the handshake."
+)
+
+
 def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
@@ -120,6 +136,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         409: "Conflict: the session id is taken, or the session already plays another task",
         413: "Body or batch too large",
         429: "Overloaded; retry after Retry-After seconds",
+        421: "The Host is not a name this server answers to (DNS rebinding guard)",
+        426: "Not a WebSocket handshake",
         503: "Not ready",
     }
     return {str(c): {"description": text[c], **_json(ERROR)} for c in codes}
@@ -129,7 +147,7 @@ def _errors(*codes: int) -> dict[str, Any]:
 def openapi_spec() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
-        "info": {"title": "toolfactory tool server", "version": "1"},
+        "info": {"title": "toolfactory tool server", "version": "1", "description": STREAM_DESCRIPTION},
         "paths": {
             "/v1/calls": {
                 "post": {
@@ -158,6 +176,20 @@ def openapi_spec() -> dict[str, Any]:
                             ),
                         },
                         **_errors(400, 401, 413, 429),
+                    },
+                }
+            },
+            "/v1/stream": {
+                "get": {
+                    "summary": "A WebSocket carrying /v1/calls bodies as frames, answered as they finish "
+                    "(frames: see info.description)",
+                    "parameters": [INSTANCE_PARAMETER],
+                    "responses": {
+                        "101": {
+                            "description": "Switching Protocols: the WebSocket is open",
+                            "headers": INSTANCE_ANSWER,
+                        },
+                        **_errors(401, 421, 426),
                     },
                 }
             },

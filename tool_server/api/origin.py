@@ -13,6 +13,11 @@ the server alone can tell apart from its real clients:
   encodings and no type at all are what a page may send cross-site without a preflight;
   ``application/json`` always needs one, which the server never grants.
 
+A WebSocket handshake (``GET /v1/stream``) gets the same Host and Origin checks, refused
+before the connection opens: a browser lets any page open a WebSocket to any address (no
+preflight, and the page reads every frame), and always sends the page's Origin with it, so
+the Origin check is what stops cross-site WebSocket hijacking on a server without tokens.
+
 A bearer token is the other guard: a page cannot send one it does not know, so with tokens
 set ``server.allowed_hosts: ["*"]`` may turn the Host check off (behind a load balancer
 that many names reach). Plain ASGI, one pass over the headers, decisions on Host and Origin
@@ -29,7 +34,7 @@ from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tool_server.api.auth import error_body, send_json
+from tool_server.api.auth import GUARDED_SCOPES, error_body, refuse
 from tool_server.config import ConfigError
 
 LOOPBACK_NAMES = frozenset({"localhost"})  # loopback IP literals pass as addresses
@@ -136,7 +141,7 @@ class RequestOriginMiddleware:
         self._origins: dict[bytes, bool] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in GUARDED_SCOPES:
             await self.app(scope, receive, send)
             return
         host = origin = content_type = None
@@ -150,12 +155,12 @@ class RequestOriginMiddleware:
         path = scope["path"]
         # No Host at all is not a browser (HTTP/1.0 by hand): nothing to rebind.
         if host is not None and not (self._hosts.get(host) or self._decide(self._hosts, host, self._host_ok)):
-            await self._refuse(send, path, 421, _host_message(host))
+            await self._refuse(scope, send, 421, _host_message(host))
             return
         if origin is not None and not self._decide(self._origins, origin, self._origin_ok):
-            await self._refuse(send, path, 403, _origin_message(origin))
+            await self._refuse(scope, send, 403, _origin_message(origin))
             return
-        if scope["method"] in BODY_METHODS:
+        if scope.get("method") in BODY_METHODS:  # a WebSocket handshake has no method: a GET
             accepted = BODY_TYPES.get(path, JSON_TYPES)
             if content_type in accepted:  # the usual exact spelling: no parsing
                 media = content_type
@@ -163,7 +168,7 @@ class RequestOriginMiddleware:
                 media = content_type.split(b";", 1)[0].strip().lower() if content_type else b""
             if media not in accepted:
                 await self._refuse(
-                    send, path, 415, _type_message(scope["method"], path, content_type, accepted)
+                    scope, send, 415, _type_message(scope["method"], path, content_type, accepted)
                 )
                 return
         await self.app(scope, receive, send)
@@ -195,8 +200,8 @@ class RequestOriginMiddleware:
         return self.policy.allows(parts.hostname.removesuffix("."), None if port is None else str(port))
 
     @staticmethod
-    async def _refuse(send: Send, path: str, status: int, message: str) -> None:
-        await send_json(send, status, error_body(path, "bad_request", message))
+    async def _refuse(scope: Scope, send: Send, status: int, message: str) -> None:
+        await refuse(scope, send, status, error_body(scope["path"], "bad_request", message))
 
 
 def _host_message(host: bytes) -> str:

@@ -7,6 +7,7 @@ JSON error ``{"error": {"kind", "message"}}`` that says what to fix.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import orjson
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from protocol import (
+    Call,
     ErrorInfo,
     ErrorKind,
     ProtocolError,
@@ -100,6 +102,17 @@ def request_header(scope: Scope, name: bytes) -> str | None:
 _SESSION_STATUS = {ErrorKind.OVERLOADED: 429, ErrorKind.BAD_REQUEST: 409}
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a calls body did not run: the HTTP status and error it is answered with, and the
+    calls it held when it decoded (a stream answers each of them with a failure result)."""
+
+    status: int
+    kind: ErrorKind
+    message: str
+    calls: Sequence[Call] = ()
+
+
 class HttpApi:
     """Route handlers bound to one executor; ``caller`` tells who sends a request."""
 
@@ -146,13 +159,31 @@ class HttpApi:
         ]
 
     async def calls_body(self, body: bytes, scope: Scope) -> Response:
+        """``POST /v1/calls``: ``run_calls``, answered over HTTP."""
+        answer = await self.run_calls(body, scope)
+        if isinstance(answer, bytes):
+            return self.answer_encoded(answer)
+        headers = {"Retry-After": self.retry_after} if answer.kind == ErrorKind.OVERLOADED else None
+        return error_response(answer.status, answer.kind, answer.message, headers)
+
+    async def run_calls(self, body: bytes, scope: Scope) -> bytes | Refusal:
+        """Run a calls body ``{"calls": [...]}`` for the caller of ``scope``: the answer
+        ``{"results": [...]}`` (one result per call, in order), or why none of it ran.
+
+        The one path of a batch: ``POST /v1/calls`` and each frame of ``/v1/stream``
+        (api/stream.py) come here, with the request's or the handshake's scope (its token,
+        its instance header).
+        """
         try:
             calls = decode_calls(body)
         except ProtocolError as exc:
-            return error_response(400, exc.kind, exc.message)
+            return Refusal(400, exc.kind, exc.message)
         if len(calls) > self.max_batch:
-            return error_response(
-                413, ErrorKind.TOO_LARGE, f"{len(calls)} calls in one batch; the limit is {self.max_batch}"
+            return Refusal(
+                413,
+                ErrorKind.TOO_LARGE,
+                f"{len(calls)} calls in one batch; the limit is {self.max_batch}",
+                calls,
             )
         self.executor.metrics.batches.labels("calls").inc()
         self.executor.metrics.batch_size.observe(len(calls))
@@ -167,9 +198,9 @@ class HttpApi:
             )
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
-            return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
+            return Refusal(429, ErrorKind.OVERLOADED, str(exc), calls)
         # Each kept result is sent as the JSON it was kept as: encoded once (records.result_json).
-        return self.answer_encoded(b'{"results":[' + b",".join([result_json(r) for r in results]) + b"]}")
+        return b'{"results":[' + b",".join([result_json(r) for r in results]) + b"]}"
 
     async def _fenced(
         self,
@@ -320,16 +351,19 @@ class HttpApi:
 
     async def release_session(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
-        tenant = self.caller(request.scope).tenant
-        released = await self.executor.sessions.release(tenant, session_id)
-        self.executor.metrics.sessions.set(len(self.executor.sessions))
-        if not released:
-            return error_response(
-                404,
-                ErrorKind.UNKNOWN_SESSION,
-                f"no open session {session_id[:MAX_ID_LENGTH]!r} (expired, released, or not yours)",
-            )
+        refused = await self.release(session_id, request.scope)
+        if refused is not None:
+            return error_response(404, ErrorKind.UNKNOWN_SESSION, refused)
         return self.answer({"released": session_id})
+
+    async def release(self, session_id: str, scope: Scope) -> str | None:
+        """Close the caller's session (``DELETE /v1/sessions/{id}``, a stream's release frame):
+        None when it was closed, else why not. Another tenant's session is just not open."""
+        released = await self.executor.sessions.release(self.caller(scope).tenant, session_id)
+        self.executor.metrics.sessions.set(len(self.executor.sessions))
+        if released:
+            return None
+        return f"no open session {session_id[:MAX_ID_LENGTH]!r} (expired, released, or not yours)"
 
     async def healthz(self, request: Request) -> Response:
         return self.answer({"status": "ok"})

@@ -9,10 +9,13 @@ and a plain MCP client for servers without a batch API.
 * ``routing``, ``health``, ``discovery``: which replica, which are up, replicas from DNS;
 * ``idempotency``: which tools may run twice; ``records``: what the client keeps;
 * ``leases``: the sessions of live trajectories renewed on the server (``lease_session``);
-* ``sync``: ``SyncToolClient``; ``mcp``: ``McpToolClient``.
+* ``sync``: ``SyncToolClient``; ``mcp``: ``McpToolClient``;
+* ``stream``: ``StreamClient``, calls one at a time over the server's ``/v1/stream`` WebSocket
+  (an agent framework, an environment's step loop).
 """
 
 from trainer_client.client.policies import BatchPolicy, HealthPolicy, RetryPolicy
+from trainer_client.client.stream import StreamClient
 from trainer_client.client.tool_client import ToolClient, ToolServerError
 
-__all__ = ["BatchPolicy", "HealthPolicy", "RetryPolicy", "ToolClient", "ToolServerError"]
+__all__ = ["BatchPolicy", "HealthPolicy", "RetryPolicy", "StreamClient", "ToolClient", "ToolServerError"]
