@@ -38,6 +38,7 @@ from trainer_client.backends.base import (
     TokenOutput,
     max_new_tokens,
 )
+from trainer_client.backends.models import autocast
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,9 @@ class HFGenerator:
     """A ``Generator`` running a causal LM from transformers on CPU (or any torch device).
 
     ``max_batch_size`` bounds one shared forward pass; ``batch_wait_s`` is how long the
-    queue waits for more requests after the first one arrives.
+    queue waits for more requests after the first one arrives. ``compute_dtype`` (e.g.
+    ``torch.bfloat16``) runs the model under ``torch.autocast`` to that dtype, as a trainer
+    with float32 master weights computes its log-probs; unset: the weights' own dtype.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class HFGenerator:
         batch_wait_s: float = 0.005,
         default_max_tokens: int = 256,
         eos_token_ids: Iterable[int] | None = None,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -90,6 +94,7 @@ class HFGenerator:
         self.batch_wait_s = batch_wait_s
         self.default_max_tokens = default_max_tokens
         self.device = next(model.parameters()).device
+        self.compute_dtype = compute_dtype
         eos = set(eos_token_ids or ())
         for source in (getattr(model, "generation_config", None), tokenizer):
             value = getattr(source, "eos_token_id", None)
@@ -273,7 +278,8 @@ class HFGenerator:
         """``_run_batch`` in the generation thread, marked so that the layer hooks may stop it."""
         self._in_thread.active = True
         try:
-            self._run_batch(batch)
+            with autocast(self.device, self.compute_dtype):  # thread-local: entered in this thread
+                self._run_batch(batch)
         finally:
             self._in_thread.active = False
 

@@ -156,22 +156,44 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> Any:
     return tokenizer
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
-    """Load ``(tokenizer, model)`` for generation; the model is in eval mode on ``device``.
-
-    ``dtype`` is a torch dtype or its name ("float32", "bfloat16"); default: as saved
-    (float32 for the dequantized SmolLM2).
-    """
+def torch_dtype(dtype: Any) -> Any:
+    """A torch dtype from its name ("float32", "bfloat16") or itself; None stays None."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(name_or_path)
     if isinstance(dtype, str):
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(
                 f"unknown dtype {dtype!r}: use a torch dtype name such as 'float32' or 'bfloat16'"
             )
-        dtype = getattr(torch, dtype)
+        return getattr(torch, dtype)
+    return dtype
+
+
+def autocast(device: Any, dtype: Any) -> contextlib.AbstractContextManager[Any]:
+    """Mixed precision: the model's matmuls in ``dtype`` (e.g. bfloat16) on ``device`` while its
+    weights keep theirs (float32); nothing changes for float32 or None.
+
+    ``torch.autocast`` is thread-local: enter it in the thread that runs the model.
+    """
+    import torch
+
+    dtype = torch_dtype(dtype)
+    if dtype is None or dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=dtype)
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: Any = None) -> tuple[Any, Any]:
+    """Load ``(tokenizer, model)`` for generation; the model is in eval mode on ``device``.
+
+    ``dtype`` is a torch dtype or its name ("float32", "bfloat16"); default: as saved
+    (float32 for the dequantized SmolLM2). Weights that will be trained stay float32 (see
+    :func:`autocast`): a bfloat16 weight rounds away most of an AdamW step at lr 1e-5.
+    """
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(name_or_path)
+    dtype = torch_dtype(dtype)
     kwargs: dict[str, Any] = {"dtype": dtype} if dtype is not None else {}
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), **kwargs)
     model.to(device)

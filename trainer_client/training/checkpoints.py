@@ -4,6 +4,11 @@
 ``trainer_state.pt`` (optimizer, data cursor, RNG states, elapsed time); ``latest`` names
 the newest. A checkpoint is written under a temporary name and renamed, so a run killed
 mid-save never leaves a half-written ``latest``.
+
+The weights are saved as the trainer holds them: float32, also for ``dtype=bfloat16``
+(its float32 master weights, so a resume continues from exactly them). Checkpoints of
+bfloat16 runs made before the trainer kept float32 weights hold bfloat16 ones: they load
+(widened to float32), and AdamW's state loads cast to the weights' dtype.
 """
 
 from __future__ import annotations

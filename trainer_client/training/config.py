@@ -31,7 +31,8 @@ class GRPOConfig:
     device: str = "cpu"
     """torch device: cpu, cuda, cuda:1, ..."""
     dtype: str = "float32"
-    """float32 or bfloat16"""
+    """compute dtype, float32 or bfloat16: the weights and AdamW stay float32 either way (bfloat16 runs
+    the forward passes under torch.autocast; checkpoints are float32)"""
     threads: int | None = None
     """torch CPU threads (1 is fastest on a busy 2-core machine)"""
     seed: int = 0

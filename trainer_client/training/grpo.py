@@ -29,6 +29,11 @@ With ``curriculum`` the prompts are drawn by task level (``training/curriculum.p
 the lowest level the model does not yet solve, plus a review share of the levels below;
 its frontier and each level's recent success are logged as ``curriculum/...``.
 
+Precision: the weights, their gradients and AdamW's state are float32 whatever ``dtype``;
+``dtype=bfloat16`` runs the forward passes (the update's and generation's) under
+``torch.autocast``, so the update keeps what AdamW meant (bfloat16 weights round most of a
+step at lr 1e-5 away) and the policy sampled is the policy trained. Checkpoints are float32.
+
 Speed lives elsewhere: the prompt prefix all rows share (system text, worked examples)
 is computed once per step by the generator (``backends.hf_prefix``) and by the log-prob
 computation (``logprobs``).
@@ -59,6 +64,7 @@ from trainer_client.backends.hf_prefix import (
     prompt_prefix,
     use_gqa_decode_attention,
 )
+from trainer_client.backends.models import autocast, load_model, torch_dtype
 from trainer_client.rollout.core import RolloutConfig, RolloutCore, Task, Trajectory
 from trainer_client.rollout.dataset import TaskRow, load_tasks
 from trainer_client.rollout.summary import (
@@ -370,7 +376,6 @@ class GRPOTrainer:
     """
 
     def __init__(self, config: GRPOConfig, *, invoker: Any = None) -> None:
-        from trainer_client.backends.models import load_model
         from trainer_client.client.tool_client import ToolClient
 
         self._started = time.perf_counter()
@@ -387,7 +392,16 @@ class GRPOTrainer:
             [row.task() for row in load_tasks(cfg.eval_data, limit=cfg.eval_size)] if cfg.eval_data else []
         )
 
-        self.tokenizer, self.model = load_model(cfg.model, device=cfg.device, dtype=cfg.dtype)
+        self.compute_dtype = torch_dtype(cfg.dtype)
+        if self.compute_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(
+                f"GRPOConfig.dtype must be float32 or bfloat16, got {cfg.dtype!r} "
+                "(float16 would need loss scaling, which this trainer does not do)"
+            )
+        # Master weights in float32 whatever ``dtype``: an AdamW step at lr 1e-5 is below half a
+        # bfloat16 ulp of most weights, so bfloat16 weights would round ~90 % of each update
+        # away. ``dtype`` is the compute dtype (torch.autocast) of the update and of generation.
+        self.tokenizer, self.model = load_model(cfg.model, device=cfg.device, dtype=torch.float32)
         self.pad_token_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
         if cfg.device == "cpu":
             use_gqa_decode_attention(self.model)
@@ -414,6 +428,7 @@ class GRPOTrainer:
                 self.tokenizer,
                 max_batch_size=cfg.generation_batch_size,
                 default_max_tokens=cfg.max_tokens_per_turn,
+                compute_dtype=self.compute_dtype,  # samples from the policy the update computes
             )
         self._owns_invoker = invoker is None
         self.invoker = invoker if invoker is not None else ToolClient(cfg.server, toolset=cfg.toolset)
@@ -438,6 +453,10 @@ class GRPOTrainer:
         if not self.order:
             self._shuffle()
         (self.out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=2, default=str))
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Forward passes in ``config.dtype`` (entered in the thread that runs them)."""
+        return autocast(self.model.device, self.compute_dtype)
 
     def _core(self, rollout: RolloutConfig) -> RolloutCore:
         generator = _Timed(self.generator, self.clock, {"generate": "generate"})
@@ -576,12 +595,14 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         # The prompt prefix all rows share runs once per step, for the policy (its gradient
         # finished by prefix.backward() after the micro-batches) and for the reference.
+        # Forward passes under autocast (this thread's), backward passes outside it.
         ids = prompt_prefix([t.prompt_ids for t in rows])
-        prefix = shared_prefix(self.model, ids, detach=True) if ids else None
-        ref_prefix = None
-        if ids and self.ref_model is not None:
-            with torch.no_grad():
-                ref_prefix = shared_prefix(self.ref_model, ids)
+        with self._autocast():
+            prefix = shared_prefix(self.model, ids, detach=True) if ids else None
+            ref_prefix = None
+            if ids and self.ref_model is not None:
+                with torch.no_grad():
+                    ref_prefix = shared_prefix(self.ref_model, ids)
 
         sums: dict[str, float] = defaultdict(float)
         for idx in micro_batches(rows, active, cfg.micro_batch_size, cfg.micro_batch_tokens):
@@ -589,26 +610,29 @@ class GRPOTrainer:
             responses = [batch.trajectories[i].response_ids for i in idx]
             width = max(max((len(r) for r in responses), default=0), 1)
             m = mask[idx, :width]
-            log_prob, entropy = response_logprobs(
-                self.model,
-                prompts,
-                responses,
-                pad_token_id=self.pad_token_id,
-                temperature=cfg.temperature,
-                with_entropy=True,
-                prefix=prefix,
-            )
-            ref_log_prob = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref_log_prob, _ = response_logprobs(
-                        self.ref_model,
-                        prompts,
-                        responses,
-                        pad_token_id=self.pad_token_id,
-                        temperature=cfg.temperature,
-                        prefix=ref_prefix,
-                    )
+            with self._autocast():
+                log_prob, entropy = response_logprobs(
+                    self.model,
+                    prompts,
+                    responses,
+                    pad_token_id=self.pad_token_id,
+                    temperature=cfg.temperature,
+                    with_entropy=True,
+                    entropy_grad=cfg.entropy_coeff > 0,  # the bonus needs its gradient; else a metric
+                    prefix=prefix,
+                )
+                ref_log_prob = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref_log_prob, _ = response_logprobs(
+                            self.ref_model,
+                            prompts,
+                            responses,
+                            pad_token_id=self.pad_token_id,
+                            temperature=cfg.temperature,
+                            prefix=ref_prefix,
+                        )
+            if ref_log_prob is not None:
                 sums["kl_sum"] += float(((log_prob.detach() - ref_log_prob) * m).sum())
             loss, metrics = policy_loss_terms(
                 log_prob=log_prob,
@@ -622,7 +646,7 @@ class GRPOTrainer:
             loss.backward()
             for key, value in metrics.items():
                 sums[key] += value
-            sums["entropy_sum"] += float((entropy * m).sum())
+            sums["entropy_sum"] += float((entropy.detach() * m).sum())
             sums["tokens"] += float(m.sum())
         if prefix is not None:
             prefix.backward()

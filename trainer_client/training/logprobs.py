@@ -8,7 +8,9 @@ attention); the second is what makes few-shot prompts affordable on a CPU, since
 shared part runs once per step instead of once per row. A detached prefix even
 back-propagates once per step (``SharedPrefix.backward``), however many micro-batches used it.
 
-Log-probs use ``logits / temperature``, as the sampler and veRL's actor do. The
+Log-probs use ``logits / temperature``, as the sampler and veRL's actor do; entropies
+carry gradient only when asked (``entropy_grad``: an entropy bonus in the loss), else they
+are a metric computed without one. The
 vocabulary projection runs in row chunks under activation checkpointing: the full
 ``(rows, tokens, vocab)`` logits and their softmax would not fit in memory.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.utils.checkpoint
@@ -87,14 +89,19 @@ def response_logprobs(
     pad_token_id: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = False,
     prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and optionally entropies) of ``responses`` given ``prompts``.
 
     Returns tensors of shape ``(rows, max_response_len)``, zeros past each response's
-    end. Gradients flow when called with grad enabled. With ``prefix``, every prompt must
-    start with ``prefix.ids`` and extend beyond it.
+    end. Gradients flow when called with grad enabled: through the log-probs always, through
+    the entropies only with ``entropy_grad``. With ``prefix``, every prompt must start with
+    ``prefix.ids`` and extend beyond it.
     """
+    entropy: Literal["grad", "metric"] | None = (
+        ("grad" if entropy_grad else "metric") if with_entropy else None
+    )
     rows = len(prompts)
     device = next(model.parameters()).device
     body, head = _body_and_head(model)
@@ -130,8 +137,8 @@ def response_logprobs(
     }
     if body is None:  # a model whose head does more than a linear layer: logits as the model makes them
         logits = model(**inputs, logits_to_keep=r_width + 1).logits[:, :-1]
-        log_probs, entropy = _token_logprobs(logits, labels, temperature, with_entropy, head=None)
-        return log_probs * valid, (entropy * valid if entropy is not None else None)
+        log_probs, entropies = _token_logprobs(logits, labels, temperature, entropy, head=None)
+        return log_probs * valid, (entropies * valid if with_entropy else None)
     # position s_width-1+j predicts response token j
     hidden = body(**inputs).last_hidden_state[:, s_width - 1 : s_width - 1 + r_width]
     vocab = int(getattr(head, "out_features", 0) or head.weight.shape[0])
@@ -142,17 +149,17 @@ def response_logprobs(
             hidden[i : i + chunk],
             labels[i : i + chunk],
             temperature,
-            with_entropy,
+            entropy,
             head,
             use_reentrant=False,
         )
         if torch.is_grad_enabled()
-        else _token_logprobs(hidden[i : i + chunk], labels[i : i + chunk], temperature, with_entropy, head)
+        else _token_logprobs(hidden[i : i + chunk], labels[i : i + chunk], temperature, entropy, head)
         for i in range(0, rows, chunk)
     ]
     log_probs = torch.cat([p[0] for p in pieces]) * valid
-    entropy = torch.cat([p[1] for p in pieces]) * valid if with_entropy else None
-    return log_probs, entropy
+    entropies = torch.cat([p[1] for p in pieces]) * valid if with_entropy else None
+    return log_probs, entropies
 
 
 LOGITS_CHUNK_ELEMENTS = 1 << 26  # float32 logits per chunk (256 MB)
@@ -173,15 +180,24 @@ def _body_and_head(model: Any) -> tuple[Any, Any]:
 
 
 def _token_logprobs(
-    hidden_or_logits: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool, head: Any
+    hidden_or_logits: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float,
+    entropy: Literal["grad", "metric"] | None,
+    head: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs of ``labels`` (and entropies, without gradient) under ``logits / temperature``."""
+    """Log-probs of ``labels`` and, by ``entropy``, the entropies under ``logits / temperature``:
+    ``"grad"`` with gradient (an entropy bonus), ``"metric"`` without, None: zeros."""
     from verl.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 
     logits = (head(hidden_or_logits) if head is not None else hidden_or_logits).float()
     if temperature and temperature != 1.0:
         logits = logits / temperature
-    log_probs = logprobs_from_logits(logits, labels)
+    # flash-attn's in-place backward overwrites the logits, which the entropy's backward still
+    # needs (veRL's actor turns it off when it computes the entropy too)
+    log_probs = logprobs_from_logits(logits, labels, inplace_backward=entropy != "grad")
+    if entropy == "grad":
+        return log_probs, entropy_from_logits(logits)
     with torch.no_grad():
-        entropy = entropy_from_logits(logits) if with_entropy else torch.zeros_like(log_probs)
-    return log_probs, entropy
+        entropies = entropy_from_logits(logits) if entropy == "metric" else torch.zeros_like(log_probs)
+    return log_probs, entropies
