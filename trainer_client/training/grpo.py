@@ -565,6 +565,9 @@ class GRPOTrainer:
                 "time/tools_s": phases["tools"],
                 "time/verify_s": phases["verify"],
                 "time/rollout_other_s": phases["other"],
+                # what the tool server and the client cost the rollout: its wall time with no
+                # generation in flight (tool calls, verification, parsing and splicing)
+                "time/tool_share": 1.0 - phases["generate"] / sum(phases.values()) if rollout_s > 0 else 0.0,
                 "time/update_s": update_s,
                 "time/step_s": time.perf_counter() - t0,
                 # CPU seconds of this process (all its threads): the cost on a shared machine,

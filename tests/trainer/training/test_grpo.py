@@ -439,6 +439,10 @@ def test_one_curriculum_step_on_an_environment_logs_the_time_split_and_levels(tm
     assert record["time/generate_s"] > 0 and record["time/verify_s"] > 0
     # the phases partition the rollout's wall time (none is counted twice)
     assert sum(record[k] for k in phases) <= record["time/rollout_s"] * 1.01 + 0.1
+    # the tool server's and client's share: the rollout's time with no generation in flight
+    assert record["time/tool_share"] == pytest.approx(
+        1 - record["time/generate_s"] / sum(record[k] for k in phases)
+    )
     assert record["prompts/level_1"] == 2 and "prompts/level_2" not in record
     assert 0.0 <= record["success/level_1"] <= 1.0 and "reward_of/level_1" in record
     assert record["curriculum/frontier"] in (1.0, 2.0)
