@@ -501,6 +501,22 @@ def sdk_server() -> Iterator[Server]:
         proc.wait(10)
 
 
+def repeats_paths_and_callers(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, all_paths: str
+) -> tuple[set[str], list[int]]:
+    """The checked ``--repeats``, ``--paths`` (letters among ``all_paths``) and ``--callers``."""
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    paths = {p.strip() for p in args.paths.split(",") if p.strip()}
+    if not paths or not paths <= set(all_paths.split(",")):
+        parser.error(f"--paths takes letters among {all_paths}")
+    try:
+        callers = [int(c) for c in args.callers.split(",")]
+    except ValueError:
+        parser.error("--callers takes numbers, e.g. 32,1024")
+    return paths, callers
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -522,15 +538,7 @@ def main() -> None:
         "--callers", default="32,1024", help="concurrent callers, comma separated (default 32,1024)"
     )
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    paths = {p.strip() for p in args.paths.split(",") if p.strip()}
-    if not paths or not paths <= set(ALL_PATHS.split(",")):
-        parser.error(f"--paths takes letters among {ALL_PATHS}")
-    try:
-        callers = [int(c) for c in args.callers.split(",")]
-    except ValueError:
-        parser.error("--callers takes numbers, e.g. 32,1024")
+    paths, callers = repeats_paths_and_callers(parser, args, ALL_PATHS)
     root = Path(__file__).resolve().parents[1]
     base_tree = None
     if args.base is not None:

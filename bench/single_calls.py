@@ -49,7 +49,15 @@ from websockets.exceptions import ConnectionClosedOK, WebSocketException
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.loadgen import LoadResult, build_post, run_load  # noqa: E402
-from bench.server_throughput import Server, best_of, cpu_seconds, free_port, row, serve_tree  # noqa: E402
+from bench.server_throughput import (  # noqa: E402
+    Server,
+    best_of,
+    cpu_seconds,
+    free_port,
+    repeats_paths_and_callers,
+    row,
+    serve_tree,
+)
 from tests.support.processes import started  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -506,15 +514,7 @@ def main() -> None:
         help="python of a virtual environment with openenv==0.10.0 (default .venv-peers/bin/python: `make peers`)",
     )
     args = parser.parse_args()
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    paths = {p.strip() for p in args.paths.split(",") if p.strip()}
-    if not paths or not paths <= set(ALL_PATHS.split(",")):
-        parser.error(f"--paths takes letters among {ALL_PATHS}")
-    try:
-        callers = [int(c) for c in args.callers.split(",")]
-    except ValueError:
-        parser.error("--callers takes numbers, e.g. 32,1024")
+    paths, callers = repeats_paths_and_callers(parser, args, ALL_PATHS)
     calls = args.calls or (3000 if args.quick else 20_000)
     episode_count = args.episodes or (300 if args.quick else 2000)
 
