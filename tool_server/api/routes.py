@@ -122,6 +122,7 @@ class HttpApi:
         self.default_toolset = default_toolset
         self.retry_after = str(retry_after_s)
         self.max_batch = executor.config.limits.max_calls_per_batch
+        self._calls_batches = executor.metrics.batches.labels("calls")  # looked up once: ~1 µs a batch
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
         # Which sandbox untrusted code gets (tool_server/sandbox_mode.py), set at start.
@@ -166,13 +167,14 @@ class HttpApi:
         headers = {"Retry-After": self.retry_after} if answer.kind == ErrorKind.OVERLOADED else None
         return error_response(answer.status, answer.kind, answer.message, headers)
 
-    async def run_calls(self, body: bytes, scope: Scope) -> bytes | Refusal:
+    async def run_calls(self, body: bytes, scope: Scope, caller: Caller | None = None) -> bytes | Refusal:
         """Run a calls body ``{"calls": [...]}`` for the caller of ``scope``: the answer
         ``{"results": [...]}`` (one result per call, in order), or why none of it ran.
 
         The one path of a batch: ``POST /v1/calls`` and each frame of ``/v1/stream``
         (api/stream.py) come here, with the request's or the handshake's scope (its token,
-        its instance header).
+        its instance header). ``caller``: ``self.caller(scope)`` when the caller has it already
+        (a stream works it out once per connection).
         """
         try:
             calls = decode_calls(body)
@@ -185,9 +187,10 @@ class HttpApi:
                 f"{len(calls)} calls in one batch; the limit is {self.max_batch}",
                 calls,
             )
-        self.executor.metrics.batches.labels("calls").inc()
+        self._calls_batches.inc()
         self.executor.metrics.batch_size.observe(len(calls))
-        caller = self.caller(scope)
+        if caller is None:
+            caller = self.caller(scope)
         try:
             results = await self._fenced(
                 scope,

@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import uuid
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 import orjson
@@ -43,7 +45,9 @@ from starlette.types import Receive, Scope, Send
 
 from protocol import ErrorKind, ProtocolError, Result, decode_calls, encode
 from protocol.messages import MAX_ID_LENGTH
+from tool_server.api.connections import FRAMES_EXTENSION, FrameLink
 from tool_server.api.routes import HttpApi
+from tool_server.executor.admission import Caller
 from tool_server.sessions import INSTANCE_HEADER
 
 log = logging.getLogger(__name__)
@@ -54,7 +58,12 @@ _FRAMES = '{"calls": [{"call_id", "name", "arguments", "session"?}, ...]} or {"r
 
 
 class CallStream:
-    """The ``/v1/stream`` endpoint as plain ASGI, running each frame through ``HttpApi``."""
+    """The ``/v1/stream`` endpoint as plain ASGI, running each frame through ``HttpApi``.
+
+    Where the server offers its frames by call (``FRAMES_EXTENSION``: ``tool-server serve``'s
+    protocol, api/connections.py), they come that way, without an ASGI message, queue or task
+    each; elsewhere through ``receive()``. Either way each frame goes to ``_Connection.frame``.
+    """
 
     def __init__(self, api: HttpApi, *, max_frame_bytes: int, max_in_flight: int) -> None:
         self.api = api
@@ -68,58 +77,133 @@ class CallStream:
         if (await receive())["type"] != "websocket.connect":
             return
         await send(self._accept)
-        peer = _Peer(send)
-        in_flight: set[asyncio.Task[None]] = set()
-        room = asyncio.Event()
-
-        def finished(task: asyncio.Task[None]) -> None:
-            in_flight.discard(task)
-            room.set()
-
+        link: FrameLink | None = (scope.get("extensions") or {}).get(FRAMES_EXTENSION)
+        connection = _Connection(self, scope, _Peer(send, link))
+        if link is not None:
+            link.attach(connection)
         try:
+            # With a link, receive() gives only frames that came before it was attached (in
+            # order, before any of its own), then the disconnect.
             while True:
-                while len(in_flight) >= self.max_in_flight:  # read nothing more until one is answered
-                    room.clear()
-                    await room.wait()
+                await connection.room.wait()  # read nothing more until a frame is answered
                 message = await receive()
                 if message["type"] != "websocket.receive":
                     return  # websocket.disconnect
                 text = message.get("text")
                 data = text.encode() if text is not None else message.get("bytes") or b""
-                if len(data) > self.max_frame_bytes:
-                    await peer.close(
-                        MESSAGE_TOO_BIG,
-                        f"frame of {len(data)} bytes over limits.max_request_bytes "
-                        f"({self.max_frame_bytes}); send smaller frames",
-                    )
-                    return
-                # A task per frame, created in arrival order: each runs up to the point where
-                # its calls take their session's turn before the next one starts, so the
-                # calls of one session run in the order of their frames.
-                task = asyncio.create_task(self._answer(data, text is not None, scope, peer))
-                in_flight.add(task)
-                task.add_done_callback(finished)
+                connection.frame(data, text is not None)
         finally:
-            if in_flight:  # let them finish, so that their results are kept (and uvicorn waits for them)
-                await asyncio.gather(*in_flight, return_exceptions=True)
+            await connection.finish()
 
-    async def _answer(self, data: bytes, text: bool, scope: Scope, peer: _Peer) -> None:
-        try:
-            answer = await self._run(data, scope)
-        except Exception:  # a bug of ours: said in the answer, the connection goes on
-            request_id = uuid.uuid4().hex[:12]
-            log.exception("unhandled error on a /v1/stream frame (request %s)", request_id)
-            answer = _internal_error(data, request_id)
-        await peer.send(answer, text)
 
-    async def _run(self, data: bytes, scope: Scope) -> bytes:
+class _Connection:
+    """One connection's frames, run as they arrive and answered as they finish.
+
+    A calls frame runs at once, in the call that delivers it, as far as it goes without waiting:
+    a frame of calls answered right away (inline tools, kept results) is answered there, with no
+    task; one that waits goes on in a task from where it stopped. So each frame's calls take
+    their session's turn before the next frame is looked at: the calls of one session run in
+    the order of their frames. A release frame runs in a task from the start (closing a
+    session's world runs tools' cleanup code, which may need to run in a task), and the next
+    frame is taken once that task has closed the session.
+    """
+
+    def __init__(self, stream: CallStream, scope: Scope, peer: _Peer) -> None:
+        self.stream = stream
+        self.api = stream.api
+        self.scope = scope
+        self.peer = peer
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self.room = asyncio.Event()  # set while frames are taken (_room_or_not)
+        self.room.set()
+        self._releasing = 0  # release frames whose task has not taken its first step
+        self._caller: Caller | None = None
+        self._caller_version = -1
+
+    def frame(self, data: bytes, text: bool) -> None:
+        if not self.peer.open:
+            return  # closing: what came after the close is not run
+        if len(data) > self.stream.max_frame_bytes:
+            reason = (
+                f"frame of {len(data)} bytes over limits.max_request_bytes "
+                f"({self.stream.max_frame_bytes}); send smaller frames"
+            )
+            self.peer.open = False  # nothing after it is run or answered
+            self._track(asyncio.get_running_loop().create_task(self.peer.close(MESSAGE_TOO_BIG, reason)))
+            return
         # find, not ``in``: see records.canonical_arguments. A calls frame that merely mentions
         # "release" is parsed once more here, then run as any other.
         if data.find(_RELEASE_KEY) != -1:
             frame = _parsed(data)
             if isinstance(frame, dict) and "release" in frame:
-                return await self._release(frame["release"], scope)
-        outcome = await self.api.run_calls(data, scope)
+                release = self._release(frame["release"])
+                loop = asyncio.get_running_loop()
+                self._track(loop.create_task(self._answer(release, data, text)))
+                # The next frame waits until the task's first step has closed the session (a
+                # callback queued now runs after it): a call after a release finds it closed.
+                self._releasing += 1
+                self._room_or_not()
+                loop.call_soon(self._released)
+                return
+        answer = self._answer(self._calls(data), data, text)
+        context = contextvars.copy_context()  # what a task would run it in
+        try:
+            waiting = context.run(answer.send, None)
+        except StopIteration:
+            return  # answered
+        task = asyncio.get_running_loop().create_task(_rest_of(answer, waiting), context=context)
+        self._track(task)
+
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.add(task)
+        task.add_done_callback(self._finished)
+        self._room_or_not()
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        self._room_or_not()
+
+    def _released(self) -> None:
+        self._releasing -= 1
+        self._room_or_not()
+
+    def _room_or_not(self) -> None:
+        """Take no further frame while max_in_flight are in flight or a release is closing its
+        session; take them again after."""
+        full = len(self.in_flight) >= self.stream.max_in_flight or self._releasing > 0
+        link = self.peer.link
+        if full and self.room.is_set():
+            self.room.clear()
+            if link is not None:
+                link.pause_frames()
+        elif not full and not self.room.is_set():
+            self.room.set()
+            if link is not None:
+                link.resume_frames()  # may deliver frames that waited, and come back here
+
+    async def finish(self) -> None:
+        if self.in_flight:  # let them finish, so that their results are kept (and uvicorn waits for them)
+            await asyncio.gather(*self.in_flight, return_exceptions=True)
+
+    def caller(self) -> Caller:
+        """The handshake's caller: the same for every frame until a tool joins or leaves the
+        registry (what a scoped token may call is worked out from it)."""
+        version = self.api.registry.version
+        if self._caller is None or version != self._caller_version:
+            self._caller, self._caller_version = self.api.caller(self.scope), version
+        return self._caller
+
+    async def _answer(self, run: Coroutine[Any, Any, bytes], data: bytes, text: bool) -> None:
+        try:
+            answer = await run
+        except Exception:  # a bug of ours: said in the answer, the connection goes on
+            request_id = uuid.uuid4().hex[:12]
+            log.exception("unhandled error on a /v1/stream frame (request %s)", request_id)
+            answer = _internal_error(data, request_id)
+        await self.peer.send(answer, text)
+
+    async def _calls(self, data: bytes) -> bytes:
+        outcome = await self.api.run_calls(data, self.scope, self.caller())
         if isinstance(outcome, bytes):
             return outcome
         if not outcome.calls:  # the frame did not decode
@@ -129,26 +213,64 @@ class CallStream:
         failures = [Result.failure(c.call_id, outcome.kind, outcome.message) for c in outcome.calls]
         return encode({"results": failures})
 
-    async def _release(self, session: Any, scope: Scope) -> bytes:
+    async def _release(self, session: Any) -> bytes:
         if not isinstance(session, str) or not session or len(session) > MAX_ID_LENGTH:
             message = f"a release frame names a session id: a non-empty string of at most {MAX_ID_LENGTH} characters"
             return _error(ErrorKind.BAD_REQUEST, message)
-        refused = await self.api.release(session, scope)
+        refused = await self.api.release(session, self.scope)
         if refused is None:
             return encode({"released": session})
         return encode({"error": {"kind": ErrorKind.UNKNOWN_SESSION, "message": refused}, "release": session})
+
+
+async def _rest_of(coroutine: Coroutine[Any, None, None], waiting: Any) -> None:
+    """Run the rest of a coroutine that was started outside a task and stopped at ``waiting``
+    (what it yielded): the task running this waits for that, then resumes the coroutine, as
+    if it had run it from the start (a cancellation is thrown into it likewise)."""
+    await _Resume(coroutine, waiting)
+
+
+class _Resume:
+    __slots__ = ("coroutine", "waiting")
+
+    def __init__(self, coroutine: Coroutine[Any, None, None], waiting: Any) -> None:
+        self.coroutine = coroutine
+        self.waiting = waiting
+
+    def __await__(self) -> Generator[Any, None, None]:
+        coroutine, waiting = self.coroutine, self.waiting
+        while True:
+            try:
+                yield waiting
+            except GeneratorExit:
+                coroutine.close()
+                raise
+            except BaseException as exc:  # a cancellation: the coroutine decides what it does
+                try:
+                    waiting = coroutine.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waiting = coroutine.send(None)
+                except StopIteration:
+                    return
 
 
 class _Peer:
     """One connection's client, until it is gone; answers for a gone client are dropped
     (their results are kept under their call ids for a resend)."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, link: FrameLink | None) -> None:
         self._send = send
+        self.link = link
         self.open = True
 
     async def send(self, data: bytes, text: bool) -> None:
         if not self.open:
+            return
+        if self.link is not None:
+            self.open = self.link.send_frame(data, text)
             return
         message = (
             {"type": "websocket.send", "text": data.decode()}
@@ -163,10 +285,9 @@ class _Peer:
             self.open = False
 
     async def close(self, code: int, reason: str) -> None:
-        if self.open:
-            self.open = False
-            with contextlib.suppress(OSError, RuntimeError):
-                await self._send({"type": "websocket.close", "code": code, "reason": reason})
+        """Close the connection (the caller has marked it no longer ``open``)."""
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._send({"type": "websocket.close", "code": code, "reason": reason})
 
 
 def _parsed(data: bytes) -> Any:
