@@ -53,6 +53,9 @@ def add_schedule_options(
     threads: int,
     eval_samples: int = 1,
     max_minutes: float | None = None,
+    prompts_per_step: int = 8,
+    lr: float = 2e-5,
+    engine: str = "hf",
 ) -> argparse.ArgumentParser:
     """The options every learning run has (the defaults that differ are arguments: a script
     sets them to the flags of its published run, so that it reproduces that run as it is)."""
@@ -64,10 +67,10 @@ def add_schedule_options(
         help="the tool server's port (default: a free one, printed at the start)",
     )
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--prompts-per-step", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=prompts_per_step)
     parser.add_argument("--group-size", type=int, default=6)
     parser.add_argument("--micro-batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument(
         "--temperature", type=float, default=temperature, help="training and held-out sampling"
     )
@@ -79,8 +82,8 @@ def add_schedule_options(
     parser.add_argument(
         "--engine",
         choices=("hf", "vllm"),
-        default="hf",
-        help="rollouts on hf (in process) or vllm (.venv-vllm)",
+        default=engine,
+        help="rollouts on hf (in process) or vllm (.venv-vllm: `make vllm`)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -1,8 +1,9 @@
 """The multi-step learning run: GRPO teaches SmolLM2-135M tasks that need one, two or chained calls.
 
-    .venv/bin/python examples/learn_multistep.py --max-minutes 60 --publish learn_multistep  # the full run
-    .venv/bin/python examples/learn_multistep.py --pilot                                     # 3 steps
-    .venv/bin/python examples/learn_multistep.py --engine vllm ...          # rollouts on vLLM (.venv-vllm)
+    make vllm                                                            # once: .venv-vllm
+    .venv/bin/python examples/learn_multistep.py                         # the published run (~55 min)
+    .venv/bin/python examples/learn_multistep.py --pilot                 # 3 steps
+    .venv/bin/python examples/learn_multistep.py --engine hf ...         # generation in process (~4x slower)
 
 What it does (issue 29; examples/learn_environment.py is the one-call run it extends):
 
@@ -184,20 +185,22 @@ def publish_levels(out: Path, name: str, command: list[str]) -> None:
     plot_levels(curves, _run.RESULTS / f"{name}.png")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _run.add_schedule_options(
-        parser, out="learn_multistep", temperature=0.5, eval_size=45, eval_every=0, threads=1
-    )
+        parser, out="learn_multistep", temperature=0.5, eval_size=45, eval_every=0, threads=1,
+        max_minutes=80, prompts_per_step=6, lr=1e-5, engine="vllm",
+    )  # fmt: skip
     parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
     parser.add_argument("--tasks", type=int, default=360, help="tasks in the pack (levels 1-3, a third each)")
     parser.add_argument("--test-fraction", type=float, default=0.15)
     parser.add_argument("--max-turns", type=int, default=5, help="assistant turns (a level-3 task takes 3)")
     parser.add_argument("--no-curriculum", dest="curriculum", action="store_false", help="mix all levels")
     parser.add_argument(
-        "--promote-at", type=float, default=0.5, help="curriculum: success that moves a level up"
+        "--promote-at", type=float, default=0.6, help="curriculum: success that moves a level up"
     )
-    parser.add_argument("--window", type=int, default=8, help="curriculum: recent groups per level it reads")
+    parser.add_argument("--window", type=int, default=12, help="curriculum: recent groups per level it reads")
     parser.add_argument(
         "--review", type=float, default=0.25, help="curriculum: share of prompts below the frontier"
     )
@@ -208,7 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--weights", default=None, help="tool_use train weights as JSON (default: the verifier's)"
     )
-    args = _run.parse_schedule(parser, argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _run.parse_schedule(build_parser(), argv)
     pack_id, train, test = build_data(args)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _run.exit_on_sigterm()

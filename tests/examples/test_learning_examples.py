@@ -75,13 +75,13 @@ def trainer_config(argv: list[str]) -> dict[str, Any]:
     return json.loads(json.dumps(asdict(config_from_args(parser.parse_args(argv))), default=str))
 
 
-@pytest.mark.parametrize("name", ["learn_arithmetic", "learn_environment"])
+@pytest.mark.parametrize("name", ["learn_arithmetic", "learn_environment", "learn_multistep"])
 def test_the_defaults_are_the_published_runs_flags(name: str) -> None:
     require("verl", "the trainer's config (trainer extra)")
     module = load(name)
     args = module.build_parser().parse_args([])
     url, train, test = "http://127.0.0.1:1", Path("train.parquet"), Path("test.parquet")
-    if name == "learn_environment":
+    if name in ("learn_environment", "learn_multistep"):
         argv = module.train_argv(args, url, module.pack(**module.pack_arguments(args)).id, train, test)
     else:
         argv = module.train_argv(args, url, train, test)
