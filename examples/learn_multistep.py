@@ -42,7 +42,7 @@ sys.path[:0] = [str(REPO), str(REPO / "examples")]  # tools, trainer_client; _ru
 import _run  # noqa: E402
 
 from tools.data import write_parquet  # noqa: E402
-from tools.data.env_prompts import MULTI_CALL_FORMAT  # noqa: E402
+from tools.data.env_prompts import MULTI_CALL_FORMAT, TAGGED_MULTI_CALL_FORMAT  # noqa: E402
 from tools.envs.procedural import pack  # noqa: E402
 
 LEVELS = [1, 2, 3]
@@ -57,9 +57,11 @@ def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
 def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     """The pack id and the train/test parquet files (few-shot text prompts)."""
     p = pack(**pack_arguments(args))
+    tagged = args.reply_format == "tagged"
     rows = _run.few_shot_splits(
-        p, args, LEVELS, len(EXAMPLE_LEVELS), example_levels=EXAMPLE_LEVELS, call_format=MULTI_CALL_FORMAT
-    )
+        p, args, LEVELS, len(EXAMPLE_LEVELS), example_levels=EXAMPLE_LEVELS,
+        call_format=TAGGED_MULTI_CALL_FORMAT if tagged else MULTI_CALL_FORMAT, tagged_replies=tagged,
+    )  # fmt: skip
     # held out: up to eval_size / 3 tasks of each level (the first ones of the test split)
     per_level = max(1, args.eval_size // len(LEVELS))
     test = [
@@ -210,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--clip-ratio-high", type=float, default=None, help="DAPO clip-higher (e.g. 0.28)")
     parser.add_argument(
         "--weights", default=None, help="tool_use train weights as JSON (default: the verifier's)"
+    )
+    parser.add_argument(
+        "--reply-format",
+        choices=("mixed", "tagged"),
+        default="mixed",
+        help="how the prompt asks for the final reply: mixed (<answer> after a question, Done. after "
+        "a change) or tagged (always <answer>...</answer>)",
     )
     return parser
 

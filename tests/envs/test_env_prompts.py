@@ -180,3 +180,27 @@ def test_multi_step_prompts_show_one_two_chained_and_three_call_solutions() -> N
     assert used in result and used not in request and "find_accounts" in lookup
     with pytest.raises(ValueError, match="shots must be the 4 example levels"):
         few_shot_rows(p, rows, 3, [1, 2, 3], 0, example_levels=[1, 2, 3, 4])
+
+
+def test_tagged_replies_put_every_final_reply_in_answer_tags_and_score_full(bank: Pack) -> None:
+    """The one-format prompt (``TAGGED_MULTI_CALL_FORMAT``): a change's reply is
+    ``<answer>Done. ...</answer>``, and the verifier scores that reply as it scores "Done."."""
+    from tools.data.env_prompts import TAGGED_MULTI_CALL_FORMAT
+
+    chats = worked_examples(bank, count=4, levels=[1, 2, 3, 4], seed=0)
+    mixed = [m["content"] for chat in chats for m in example_messages(chat) if m["role"] == "assistant"]
+    tagged = [
+        m["content"]
+        for chat in chats
+        for m in example_messages(chat, tagged_replies=True)
+        if m["role"] == "assistant"
+    ]
+    finals = [t for t in tagged if not t.startswith("<tool_call>")]
+    assert any(m.startswith("Done.") for m in mixed)  # the mixed prompt has untagged replies
+    assert finals and all(t.startswith("<answer>") and t.endswith("</answer>") for t in finals)
+    assert "<answer>Done." in TAGGED_MULTI_CALL_FORMAT
+    for task in [t for t in bank.tasks if t.gold.answer is None][:6]:  # changes
+        gold = [{"name": c.name, "arguments": c.arguments} for c in task.gold.calls]
+        world, request = _trajectory(bank, task, gold)
+        request.messages[-1]["content"] = "<answer>Done.</answer>"
+        assert score(bank, task, world, request, mode="eval").score == 1.0, task.id

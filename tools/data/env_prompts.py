@@ -30,6 +30,7 @@ from typing import Any
 __all__ = [
     "CALL_FORMAT",
     "MULTI_CALL_FORMAT",
+    "TAGGED_MULTI_CALL_FORMAT",
     "build_env_prompt",
     "example_messages",
     "few_shot_rows",
@@ -52,6 +53,17 @@ MULTI_CALL_FORMAT = (
     "time, each in its own message, and use what a result tells you (an id, a balance) in the next "
     "call. When every call the task needs is done, answer a question as <answer>ANSWER</answer>, "
     "or say Done. after a change."
+)
+# One reply format for every task: a 135M model shown "<answer>" after questions and "Done." after
+# changes ends everything with "Done." (examples/README.md, the multi-step run); with this one the
+# reply is always tagged and a change's reply is "<answer>Done. ...</answer>".
+TAGGED_MULTI_CALL_FORMAT = (
+    "To call a tool, write:\n"
+    '<tool_call>\n{"name": "TOOL", "arguments": {"ARG": "VALUE"}}\n</tool_call>\n'
+    "The result comes back in the next message. A task may need several calls: make them one at a "
+    "time, each in its own message, and use what a result tells you (an id, a balance) in the next "
+    "call. When every call the task needs is done, always end with <answer>...</answer>: the answer "
+    "to a question, or <answer>Done.</answer> after a change."
 )
 Chat = list[dict[str, Any]]
 
@@ -85,11 +97,12 @@ def _compact(content: Any) -> str:
     return json.dumps(content, separators=(",", ":"))
 
 
-def example_messages(chat: Sequence[Mapping[str, Any]]) -> Chat:
+def example_messages(chat: Sequence[Mapping[str, Any]], *, tagged_replies: bool = False) -> Chat:
     """A solved chat (Hugging Face ``tool_calls`` form) as plain text turns in the hermes format.
 
     One call per assistant turn, each followed by its result: the trainer's hermes parser
     ends a turn at the first ``</tool_call>``, so that is how the model's own turns go.
+    ``tagged_replies``: every final reply in ``<answer>`` tags, "Done. ..." after a change too.
     """
     messages: Chat = []
     pending: list[Mapping[str, Any]] = []  # calls of the last assistant turn, awaiting their results
@@ -106,7 +119,7 @@ def example_messages(chat: Sequence[Mapping[str, Any]]) -> Chat:
         elif role == "assistant":
             reply = str(message.get("content") or "").strip()
             # worked_examples replies "Done. <facts>" after a change, the bare answer to a question
-            text = reply if reply.startswith("Done.") else f"<answer>{reply}</answer>"
+            text = reply if reply.startswith("Done.") and not tagged_replies else f"<answer>{reply}</answer>"
             messages.append({"role": "assistant", "content": text})
         else:
             messages.append({"role": role, "content": message.get("content") or ""})
@@ -158,6 +171,7 @@ def build_env_prompt(
     *,
     call_format: str = CALL_FORMAT,
     pool_levels: Sequence[int] | None = None,
+    tagged_replies: bool = False,
 ) -> Chat:
     """System (policy, tools, call format), ``shots`` worked examples from ``examples``, the task's turns.
 
@@ -175,7 +189,7 @@ def build_env_prompt(
     chosen = _choose(examples, {str(t["name"]) for t in tools}, shots, pool_levels)
     return [
         {"role": "system", "content": "\n\n".join(system)},
-        *(m for chat in chosen for m in example_messages(chat)),
+        *(m for chat in chosen for m in example_messages(chat, tagged_replies=tagged_replies)),
         *turns,
     ]
 
@@ -212,6 +226,7 @@ def few_shot_rows(
     *,
     example_levels: Sequence[int] | None = None,
     call_format: str = CALL_FORMAT,
+    tagged_replies: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """``tools.data.environments`` rows per split with few-shot text prompts: worked examples
     drawn beside a procedural pack's tasks (ValueError for any other pack).
@@ -222,14 +237,14 @@ def few_shot_rows(
 
     if example_levels is None:
         pool = worked_examples(pack, count=max(EXAMPLE_POOL, shots), levels=sorted(levels), seed=seed)
-        options: dict[str, Any] = {"call_format": call_format}
+        options: dict[str, Any] = {"call_format": call_format, "tagged_replies": tagged_replies}
     else:
         drawn = sorted(set(example_levels))
         count = EXAMPLE_POOL // len(drawn) * len(drawn) or len(drawn)
         pool = worked_examples(pack, count=count, levels=drawn, seed=seed)
         # worked_examples cycles through the levels: the i-th chat is of level drawn[i % len]
         pool_levels = [drawn[i % len(drawn)] for i in range(len(pool))]
-        options = {"call_format": call_format, "pool_levels": pool_levels}
+        options = {"call_format": call_format, "pool_levels": pool_levels, "tagged_replies": tagged_replies}
     prompts = {t.id: t.prompt for t in pack.tasks}
     return {
         split: prompt_rows(split_rows, pack.policy, prompts, pool, shots, **options)
