@@ -419,6 +419,24 @@ def test_communicate_needs_whole_words(pack: Pack) -> None:
     assert result.components["communicate"] == 0.0 and result.details["communicate_missing"] == ["25"]
 
 
+def test_what_is_said_inside_answer_tags_is_communicated(pack: Pack) -> None:
+    """A reply wholly in tags (the one-format prompt: ``<answer>Done. 25</answer>``) tells the user
+    25: the tags' punctuation once glued "answer" to the first and last words."""
+    task = pack.task("single")  # must communicate "25"
+    world = run(pack, task, gold_calls(task))
+    for reply in (
+        "<answer>25</answer>",
+        "<answer>Done. 25</answer>",
+        "<answer>o1</answer>, 25<answer>x</answer>",
+    ):
+        said = trajectory(world, "o1")
+        said.messages.append({"role": "assistant", "content": reply})
+        assert score(pack, task, world, said).components["communicate"] == 1.0, reply
+    not_said = trajectory(world, "o1")
+    not_said.messages.append({"role": "assistant", "content": "<answer>250</answer>"})
+    assert score(pack, task, world, not_said).components["communicate"] == 0.0
+
+
 def test_per_step_f1_follows_the_paper(pack: Pack) -> None:
     """2·S_t/(N_t+1) per turn: one turn with both parallel reads earns 4/3 in the paper, capped at 1."""
     task = pack.task("parallel")

@@ -83,7 +83,15 @@ import orjson
 from protocol import VerifyRequest, VerifyResult
 from tools.envs.pack import EnvTask, EnvTool, GoldCall, Pack, call_depths
 from tools.envs.world import CallRecord, World
-from tools.verifiers.text import assistant_texts, extract_answer, final_text, normalize_answer, normalize_gold
+from tools.verifiers.text import (
+    ANSWER_CLOSE,
+    ANSWER_OPEN,
+    assistant_texts,
+    extract_answer,
+    final_text,
+    normalize_answer,
+    normalize_gold,
+)
 from tools.verifiers.tool_use.match import Candidate, match_calls
 from tools.verifiers.tool_use.schema import compile_schema, schema_problem
 from tools.verifiers.tool_use.values import argument_difference, arguments_agree, same_value, standardize
@@ -346,8 +354,11 @@ def _number(text: str) -> float | None:
 
 
 def _prose(texts: Sequence[str]) -> str:
-    """What the model told the user: its turns without the tool-call blocks."""
-    return _TOOL_CALL_BLOCK.sub(" ", " ".join(texts))
+    """What the model told the user: its turns without the tool-call blocks, answer tags apart
+    from their words (``<answer>Done. 25</answer>`` tells the user 25: normalising the text
+    drops the tags' punctuation, which would glue "answer" to the first and last words)."""
+    text = _TOOL_CALL_BLOCK.sub(" ", " ".join(texts))
+    return text.replace(ANSWER_OPEN, " ").replace(ANSWER_CLOSE, " ")
 
 
 def _answer_matches(answer: str, gold: str) -> bool:
