@@ -437,6 +437,24 @@ def test_what_is_said_inside_answer_tags_is_communicated(pack: Pack) -> None:
     assert score(pack, task, world, not_said).components["communicate"] == 0.0
 
 
+def test_a_number_is_communicated_however_it_is_written(pack: Pack) -> None:
+    """The value a tool returned, copied as the tool wrote it (7549.5 for a gold "7549.50"), is
+    told; a longer number, an id that contains the digits, or another value is not."""
+    task = pack.task("single")  # must communicate "25"
+    world = run(pack, task, gold_calls(task))
+    for reply, told in [
+        ("The total is 25.0 euros.", True),
+        ("Done. 25.00", True),
+        ("<answer>Done. 25</answer>", True),
+        ("That is 250 in total.", False),
+        ("Order A-25 is placed.", False),
+        ("It is 2.5 or 125.", False),
+    ]:
+        said = trajectory(world, "o1")
+        said.messages.append({"role": "assistant", "content": reply})
+        assert score(pack, task, world, said).components["communicate"] == float(told), reply
+
+
 def test_per_step_f1_follows_the_paper(pack: Pack) -> None:
     """2·S_t/(N_t+1) per turn: one turn with both parallel reads earns 4/3 in the paper, capped at 1."""
     task = pack.task("parallel")

@@ -145,6 +145,11 @@ _ABSENT = object()
 _FACTS_PER_TASK = 4096  # cached (call -> schema problem, agreeing gold calls) entries per task
 # A tool-call block, closed or cut off at the end. Written as an unrolled loop (no lazy
 # ``.*?``, which retried the closing tag at every character and was the slowest step).
+# A number as written in prose (1,234.50, -3, 7549.5); not the digits of a longer number or an id
+# (A-7001 is not 7001: a letter or hyphen-joined word before it).
+_NUMBER = re.compile(
+    r"(?<![\w.\-])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]\d)|(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w]|\.\d)"
+)
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>[^<]*(?:<(?!/tool_call>)[^<]*)*(?:</tool_call>|\Z)")
 _DETAIL_LIMIT = 20  # list entries kept in details (a runaway trajectory must not bloat them)
 
@@ -630,9 +635,23 @@ def score(
     answer = 1.0 if task_view.answer is None else float(_answer_matches(answer_text, task_view.answer))
     missing: list[str] = []
     if task_view.communicate:
-        said = f" {normalize_answer(_prose(assistant_texts(request)))} "
+        prose = _prose(assistant_texts(request))
+        said = f" {normalize_answer(prose)} "
+        numbers: list[float] | None = None  # the numbers said, parsed at the first number asked for
+
+        def told(text: str, normal: str) -> bool:
+            """A number is told when a number of the same value is said (normalising would make
+            2.5 read as 25); any other text, when its words are said, whole."""
+            nonlocal numbers
+            value = _number(text)
+            if value is None:
+                return f" {normal} " in said
+            if numbers is None:
+                numbers = [v for token in _NUMBER.findall(prose) if (v := _number(token)) is not None]
+            return any(math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-9) for v in numbers)
+
         pairs = zip(task.gold.communicate, task_view.communicate, strict=True)
-        missing = [text for text, normal in pairs if f" {normal} " not in said]
+        missing = [text for text, normal in pairs if not told(text, normal)]
     communicate = 1.0 - len(missing) / len(task_view.communicate) if task_view.communicate else 1.0
 
     components = {
