@@ -48,6 +48,7 @@ import json
 import logging
 import math
 import random
+import resource
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Iterator, Sequence
@@ -573,6 +574,9 @@ class GRPOTrainer:
                 # CPU seconds of this process (all its threads): the cost on a shared machine,
                 # where wall time depends on what else runs
                 "time/cpu_s": time.process_time() - cpu0,
+                # the process's peak resident memory so far (Linux reports KiB): a run that
+                # outgrows the machine shows it here before the OOM killer does
+                "memory/max_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                 **({"time/weight_sync_s": sync_s} if cfg.engine == "vllm" else {}),
             },
             lr=self.optimizer.param_groups[0]["lr"],

@@ -437,6 +437,7 @@ def test_one_curriculum_step_on_an_environment_logs_the_time_split_and_levels(tm
     for key in [*phases, "time/update_s", "time/rollout_s", "time/cpu_s"]:
         assert record[key] >= 0, key
     assert record["time/generate_s"] > 0 and record["time/verify_s"] > 0
+    assert 0.1 < record["memory/max_rss_gb"] < 64  # the model alone holds more than 0.1 GB
     # the phases partition the rollout's wall time (none is counted twice)
     assert sum(record[k] for k in phases) <= record["time/rollout_s"] * 1.01 + 0.1
     # the tool server's and client's share: the rollout's time with no generation in flight
