@@ -534,6 +534,7 @@ class GRPOTrainer:
         self.clock.reset()
         trajectories = await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
         phases = self.clock.split()
+        phased_s = sum(phases.values())  # the rollout's wall time, split by what was in flight
         rollout_s = time.perf_counter() - t0 - sync_s
 
         batch = RolloutBatch.build(trajectories, group_index)
@@ -568,7 +569,7 @@ class GRPOTrainer:
                 "time/rollout_other_s": phases["other"],
                 # what the tool server and the client cost the rollout: its wall time with no
                 # generation in flight (tool calls, verification, parsing and splicing)
-                "time/tool_share": 1.0 - phases["generate"] / sum(phases.values()) if rollout_s > 0 else 0.0,
+                "time/tool_share": 1.0 - phases["generate"] / phased_s if phased_s > 0 else 0.0,
                 "time/update_s": update_s,
                 "time/step_s": time.perf_counter() - t0,
                 # CPU seconds of this process (all its threads): the cost on a shared machine,
