@@ -25,7 +25,8 @@ tool, exact_match verifier), on the demo's arithmetic tasks (few-shot prompts):
    dtype held).
 
 Prints a summary, writes the JSON (``--out``) and exits 1 with the reasons when a stage
-fails or a figure is missing: it never prints a figure it did not measure. A watchdog ends
+fails, a figure is missing or a GRPO step's weights kept under half of the update: it never
+prints a figure it did not measure. A watchdog ends
 the run at ``--deadline-s`` with what it has.
 """
 
@@ -623,13 +624,27 @@ def check(report: Report) -> None:
             report.problem(f"{name}: no group had differing rewards, so the step trained nothing")
         elif not s["changed_fraction"] > 0:
             report.problem(f"{name}: the optimizer step left every weight as it was")
-        elif s["update_kept"] < 0.5:
-            m = report.data["model"]
-            report.data["notes"].append(
-                f"{name}: the {m['dtype']} weights kept {100 * s['update_kept']:.0f} % of AdamW's update at lr "
-                f"{m['lr']} ({100 * s['changed_fraction']:.1f} % of them changed; the rest of the update "
-                "was rounded away); float32 weights keep it all"
-            )
+        elif (lost := update_lost(name, s, report.data["model"])) is not None:
+            report.problem(lost)
+
+
+# A step whose weights hold less of the optimizer's update than this did not train: the rest
+# was rounded away by the weights' dtype (bfloat16 at the trainer's small lr, on CUDA).
+MIN_UPDATE_KEPT = 0.5
+
+
+def update_lost(name: str, step: dict[str, Any], model: dict[str, Any]) -> str | None:
+    """Why ``step`` failed to train if its weights kept under ``MIN_UPDATE_KEPT`` of AdamW's
+    update (a problem, not a note: a run that loses most of each update learns next to nothing);
+    None when they kept enough."""
+    if step["update_kept"] >= MIN_UPDATE_KEPT:
+        return None
+    return (
+        f"{name}: the {model['dtype']} weights kept {100 * step['update_kept']:.0f} % of AdamW's update at lr "
+        f"{model['lr']} (under {100 * MIN_UPDATE_KEPT:.0f} %; {100 * step['changed_fraction']:.1f} % of them "
+        "changed, the rest of the update was rounded away): the step did not train; keep float32 weights "
+        "(float32 keeps it all) or raise --lr"
+    )
 
 
 def summary(report: Report) -> str:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,3 +94,38 @@ def test_missing_packages_without_wheels_fail_loudly(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "run bench/gpu_wheels.sh" in done.stderr
+
+
+def _step_report(tmp_path: Path, dtype: str, kept: float) -> Any:
+    from bench.gpu_check import Report
+
+    report = Report(tmp_path / "gpu_check.json", "cuda")
+    report.data["phases"] = {
+        "decode": {"tokens_per_s": 100.0},
+        "grpo_step_1": {
+            "trained_rows": 8,
+            "groups_with_signal": 1,
+            "changed_fraction": 0.19,
+            "update_kept": kept,
+        },
+    }
+    report.data["grpo"] = ["grpo_step_1"]
+    report.data["model"] = {"dtype": dtype, "lr": 1e-5}
+    return report
+
+
+def test_a_step_that_keeps_under_half_of_the_update_is_a_failure(tmp_path: Path) -> None:
+    """A CUDA bfloat16 step whose weights rounded most of AdamW's update away did not train:
+    the check fails with what to do (it was only a note, and the run said OK)."""
+    from bench.gpu_check import check
+
+    lost = _step_report(tmp_path, "bfloat16", 0.31)
+    check(lost)
+    assert len(lost.data["problems"]) == 1, lost.data
+    problem = lost.data["problems"][0]
+    assert problem.startswith("grpo_step_1: the bfloat16 weights kept 31 % of AdamW's update at lr 1e-05")
+    assert "did not train" in problem and "float32" in problem and "--lr" in problem
+
+    kept = _step_report(tmp_path, "float32", 0.98)
+    check(kept)
+    assert kept.data["problems"] == [] and kept.data["notes"] == []
