@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from starlette.responses import Response
 from starlette.routing import Route, WebSocketRoute
 
 from tool_server.api.auth import AuthMiddleware, BodyLimitMiddleware, bound_addresses, load_tokens
+from tool_server.api.internal_errors import internal_error_message, log_internal_error
 from tool_server.api.mcp import McpEndpoint
 from tool_server.api.origin import HostPolicy, RequestOriginMiddleware
 from tool_server.api.retrieve import RetrieveEndpoint
@@ -174,19 +174,8 @@ def create_app(
 
     async def on_error(request: Request, exc: Exception) -> Response:
         # Only our own bugs land here: a tool's fault is a result, admission failures 429.
-        request_id = uuid.uuid4().hex[:12]
-        log.error(
-            "unhandled error on %s %s (request %s)",
-            request.method,
-            request.url.path,
-            request_id,
-            exc_info=exc,
-        )
-        return error_response(
-            500,
-            "internal",
-            f"internal server error (a bug in toolfactory); the server log has it under request {request_id}",
-        )
+        request_id = log_internal_error(log, f"{request.method} {request.url.path}", exc)
+        return error_response(500, "internal", internal_error_message(request_id))
 
     app = Starlette(
         routes=routes,

@@ -249,7 +249,8 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
             print(f"tool-server: {refusal}", file=sys.stderr)
             return 2
     tune_gc(config.server.gc_threshold)
-    from tool_server.api.connections import guarded_protocol, guarded_websocket_protocol, limits_from_config
+    from tool_server.api.connections import guarded_protocol, limits_from_config
+    from tool_server.api.ws_frames import guarded_websocket_protocol
 
     protocol = guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s))
     app.state.connection_guard = protocol.guard  # its counts go to /metrics

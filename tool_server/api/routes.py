@@ -99,6 +99,13 @@ def request_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def instance_expected(scope: Scope) -> str | None:
+    """The process the client expects its sessions on: its ``X-Toolfactory-Instance`` header."""
+    return request_header(scope, _INSTANCE_KEY)
+
+
+FROM_SCOPE = object()  # run_calls: read the expected instance from the scope's headers
+
 _SESSION_STATUS = {ErrorKind.OVERLOADED: 429, ErrorKind.BAD_REQUEST: 409}
 
 
@@ -167,14 +174,20 @@ class HttpApi:
         headers = {"Retry-After": self.retry_after} if answer.kind == ErrorKind.OVERLOADED else None
         return error_response(answer.status, answer.kind, answer.message, headers)
 
-    async def run_calls(self, body: bytes, scope: Scope, caller: Caller | None = None) -> bytes | Refusal:
+    async def run_calls(
+        self,
+        body: bytes,
+        scope: Scope,
+        caller: Caller | None = None,
+        expected_instance: str | None | object = FROM_SCOPE,
+    ) -> bytes | Refusal:
         """Run a calls body ``{"calls": [...]}`` for the caller of ``scope``: the answer
         ``{"results": [...]}`` (one result per call, in order), or why none of it ran.
 
         The one path of a batch: ``POST /v1/calls`` and each frame of ``/v1/stream``
         (api/stream.py) come here, with the request's or the handshake's scope (its token,
-        its instance header). ``caller``: ``self.caller(scope)`` when the caller has it already
-        (a stream works it out once per connection).
+        its instance header). ``caller`` and ``expected_instance`` (``instance_expected(scope)``):
+        given when the caller has them already (a stream reads them once per connection).
         """
         try:
             calls = decode_calls(body)
@@ -198,6 +211,7 @@ class HttpApi:
                 [c.session for c in calls],
                 lambda kept: self.executor.run_batch(kept, caller),
                 lambda call, why: Result.failure(call.call_id, ErrorKind.UNKNOWN_SESSION, why),
+                expected_instance,
             )
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
@@ -212,13 +226,16 @@ class HttpApi:
         sessions: Sequence[str | None],
         run: Callable[[list[T]], Awaitable[list[R]]],
         refuse: Callable[[T, str], R],
+        expected: str | None | object = FROM_SCOPE,
     ) -> list[R]:
         """Run the items, less those whose session the client expects on another process
         (``SessionStore.fence``): those are answered ``unknown_session`` in their place."""
-        expected = request_header(scope, _INSTANCE_KEY)
+        if expected is FROM_SCOPE:
+            expected = instance_expected(scope)
         store = self.executor.sessions
         if expected is None or expected == store.instance:  # the usual case: nothing to refuse
             return await run(items)
+        assert isinstance(expected, str)
         refused = {
             i: why for i, s in enumerate(sessions) if s is not None and (why := store.fence(expected, s))
         }

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import uuid
 from collections.abc import Coroutine, Generator
 from typing import Any
 
@@ -45,8 +44,9 @@ from starlette.types import Receive, Scope, Send
 
 from protocol import ErrorKind, ProtocolError, Result, decode_calls, encode
 from protocol.messages import MAX_ID_LENGTH
-from tool_server.api.connections import FRAMES_EXTENSION, FrameLink
-from tool_server.api.routes import HttpApi
+from tool_server.api.internal_errors import internal_error_message, log_internal_error
+from tool_server.api.routes import HttpApi, instance_expected
+from tool_server.api.ws_frames import FRAMES_EXTENSION, FrameLink
 from tool_server.executor.admission import Caller
 from tool_server.sessions import INSTANCE_HEADER
 
@@ -61,7 +61,7 @@ class CallStream:
     """The ``/v1/stream`` endpoint as plain ASGI, running each frame through ``HttpApi``.
 
     Where the server offers its frames by call (``FRAMES_EXTENSION``: ``tool-server serve``'s
-    protocol, api/connections.py), they come that way, without an ASGI message, queue or task
+    protocol, api/ws_frames.py), they come that way, without an ASGI message, queue or task
     each; elsewhere through ``receive()``. Either way each frame goes to ``_Connection.frame``.
     """
 
@@ -119,6 +119,7 @@ class _Connection:
         self._releasing = 0  # release frames whose task has not taken its first step
         self._caller: Caller | None = None
         self._caller_version = -1
+        self.expected_instance = instance_expected(scope)  # the handshake's: read once
 
     def frame(self, data: bytes, text: bool) -> None:
         if not self.peer.open:
@@ -197,13 +198,11 @@ class _Connection:
         try:
             answer = await run
         except Exception:  # a bug of ours: said in the answer, the connection goes on
-            request_id = uuid.uuid4().hex[:12]
-            log.exception("unhandled error on a /v1/stream frame (request %s)", request_id)
-            answer = _internal_error(data, request_id)
+            answer = _internal_error(data, log_internal_error(log, "a /v1/stream frame"))
         await self.peer.send(answer, text)
 
     async def _calls(self, data: bytes) -> bytes:
-        outcome = await self.api.run_calls(data, self.scope, self.caller())
+        outcome = await self.api.run_calls(data, self.scope, self.caller(), self.expected_instance)
         if isinstance(outcome, bytes):
             return outcome
         if not outcome.calls:  # the frame did not decode
@@ -304,10 +303,7 @@ def _error(kind: str, message: str) -> bytes:
 def _internal_error(data: bytes, request_id: str) -> bytes:
     """What a frame that met a bug of ours is answered: a result per call, where its calls can
     be read (else the client could not tell which calls failed), or an error frame."""
-    message = (
-        f"internal server error (a bug in toolfactory) while running this call: it may or may not "
-        f"have run; the server log has it under request {request_id}"
-    )
+    message = internal_error_message(request_id, " while running this call: it may or may not have run")
     try:
         call_ids = [call.call_id for call in decode_calls(data)]
     except ProtocolError:

@@ -1,4 +1,4 @@
-"""``/v1/stream``'s frames as the server reads them (api/connections.py ``GuardedWebSocketProtocol``):
+"""``/v1/stream``'s frames as the server reads them (api/ws_frames.py ``GuardedWebSocketProtocol``):
 however TCP cuts them, with pings, fragments and protocol errors, against real servers.
 
 The server reads the frames a client sends one message at a time itself and gives anything else
@@ -37,7 +37,7 @@ from websockets.utils import apply_mask
 
 from tests.support.processes import started
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
-from tool_server.api.connections import GuardedWebSocketProtocol, at_frame_boundary, frame_header
+from tool_server.api.ws_frames import GuardedWebSocketProtocol, at_frame_boundary, frame_header
 
 REPO = Path(__file__).resolve().parents[3]
 NOTEBOOK = REPO / "tests" / "support" / "notebook_upstream.py"  # an MCP server that can come up late
@@ -339,7 +339,8 @@ LAUNCH = """
 import sys
 from pathlib import Path
 import uvicorn
-from tool_server.api.connections import ConnectionLimits, guarded_protocol, guarded_websocket_protocol
+from tool_server.api.connections import ConnectionLimits, guarded_protocol
+from tool_server.api.ws_frames import guarded_websocket_protocol
 from tool_server.app import create_app
 from tool_server.config import load_config
 config = load_config(Path(sys.argv[1]))
