@@ -67,7 +67,7 @@ $(VLLM_STAMP): compose/vllm-requirements.txt compose/vllm-constraints.txt
 vllm: $(VLLM_STAMP)
 
 # Peers the benchmarks measure against, in their OWN virtual environment (never .venv; not part of
-# `make test`): OpenEnv 0.10.0 for bench/single_calls.py, which serves its echo environment (the
+# `make test`): OpenEnv 0.10.0 for bench/peers/single_calls.py, which serves its echo environment (the
 # template `python -m openenv.cli init` writes: the package ships no envs/echo_env) and drives its
 # WebSocket /ws beside our /v1/calls and /v1/stream. `openenv-core` on PyPI is an older package line
 # (0.3.0) of the same code. uvloop, httptools and websockets at .venv's versions: both servers then
@@ -109,7 +109,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 
 bench: setup
-	$(PY) bench/server_throughput.py
+	$(PY) bench/server/server_throughput.py
 
 serve: setup
 	$(VENV)/bin/tool-server serve

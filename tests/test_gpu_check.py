@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh, the check meant for a lent GPU machine, run here on the CPU (``--tiny``)
+"""bench/engines/gpu_check.sh, the check meant for a lent GPU machine, run here on the CPU (``--tiny``)
 as a real subprocess, so that it keeps working between the days a GPU is lent: a real tool
 server, the HF backend, rollouts and a GRPO step, and a JSON summary whose figures are checked
 (present and positive; never their speed)."""
@@ -18,7 +18,7 @@ import torch
 from tests.support.require import require
 from tests.support.server import REPO
 
-SCRIPT = REPO / "bench" / "gpu_check.sh"
+SCRIPT = REPO / "bench" / "engines" / "gpu_check.sh"
 
 
 def run_check(args: list[str], out: Path, timeout_s: float, **env: str) -> subprocess.CompletedProcess[str]:
@@ -93,11 +93,11 @@ def test_missing_packages_without_wheels_fail_loudly(tmp_path: Path) -> None:
         GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"),
     )
     assert done.returncode == 1
-    assert "run bench/gpu_wheels.sh" in done.stderr
+    assert "run bench/engines/gpu_wheels.sh" in done.stderr
 
 
 def _step_report(tmp_path: Path, dtype: str, kept: float) -> Any:
-    from bench.gpu_check import Report
+    from bench.engines.gpu_check import Report
 
     report = Report(tmp_path / "gpu_check.json", "cuda")
     report.data["phases"] = {
@@ -117,7 +117,7 @@ def _step_report(tmp_path: Path, dtype: str, kept: float) -> Any:
 def test_a_step_that_keeps_under_half_of_the_update_is_a_failure(tmp_path: Path) -> None:
     """A CUDA bfloat16 step whose weights rounded most of AdamW's update away did not train:
     the check fails with what to do (it was only a note, and the run said OK)."""
-    from bench.gpu_check import check
+    from bench.engines.gpu_check import check
 
     lost = _step_report(tmp_path, "bfloat16", 0.31)
     check(lost)

@@ -1,4 +1,4 @@
-"""bench/single_calls.py, run as a real subprocess with tiny counts against a real tool server, so
+"""bench/peers/single_calls.py, run as a real subprocess with tiny counts against a real tool server, so
 that it keeps working between the runs that give its figures: its table has a row per path, and
 every answer was checked as the echo of what was sent (the counts, never the speed)."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.server import REPO
 
-SCRIPT = REPO / "bench" / "single_calls.py"
+SCRIPT = REPO / "bench" / "peers" / "single_calls.py"
 PEERS_PYTHON = REPO / ".venv-peers" / "bin" / "python"
 
 
@@ -79,7 +79,7 @@ def test_openenv_paths_run_beside_ours() -> None:
 
 
 def test_an_answer_that_is_not_the_echo_stops_the_bench() -> None:
-    from bench.single_calls import Mismatch, OpenEnv, check_results
+    from bench.peers.single_calls import Mismatch, OpenEnv, check_results
 
     good = b'{"results":[{"call_id":"c1","structured":{"text":"t1"},"is_error":false}]}'
     check_results(good, "c1", "t1")

@@ -7,7 +7,7 @@ an integer sent as a float, a default spelled out or left out, a list reversed, 
 tool called, a turn left empty, the conversation stopped early); each plays in a session
 through ``/v1/calls`` and is scored by ``/v1/verify`` (``tool_use``, eval mode), and by BFCL's
 own evaluation (its ``multi_turn_checker``, run here on our own perturbed gold). They must
-agree on every one, pass or fail and reward. ``bench/reward_parity_bfcl.py`` runs every task.
+agree on every one, pass or fail and reward. ``bench/environments/reward_parity_bfcl.py`` runs every task.
 
 Every task's gold also plays through the server, schemas enforced, and passes; a call the
 schema refuses is judged as one that changed nothing (the one named difference); and BFCL's

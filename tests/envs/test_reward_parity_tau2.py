@@ -9,7 +9,7 @@ commas, in other words, only inside a tool call or a thought, or not at all; tel
 runs without ``done``, with a text turn, with a write after ``done``). Each plays in a session
 through ``/v1/calls`` and is scored by ``/v1/verify`` (``tool_use``, eval mode), and by τ²'s own
 ``evaluate_simulation`` on the trajectory as τ²'s orchestrator records it. They must agree on
-every one. ``bench/reward_parity_tau2.py`` runs ≥100 tasks per domain.
+every one. ``bench/environments/reward_parity_tau2.py`` runs ≥100 tasks per domain.
 """
 
 from __future__ import annotations

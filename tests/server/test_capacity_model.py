@@ -1,4 +1,4 @@
-"""The capacity model (bench/capacity_model.py): each resource binds where it should."""
+"""The capacity model (bench/capacity/model.py): each resource binds where it should."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import math
 import httpx
 import pytest
 
-from bench.capacity import calc_call, cpu_per_request, fit_request_cost
-from bench.capacity_model import (
+from bench.capacity.model import (
     ClientCost,
     Plan,
     ReplicaSpec,
@@ -19,6 +18,7 @@ from bench.capacity_model import (
     calls_per_s_per_trajectory,
     plan,
 )
+from bench.capacity.plan import calc_call, cpu_per_request, fit_request_cost
 from tests.support.server import running_server, server_config
 
 KINDS = {

@@ -1,7 +1,7 @@
 """A tiny random causal LM with SmolLM2's tokenizer, and the trainer's update on a fixed group.
 
 Enough for tests of what one ``GRPOTrainer.update`` does to the weights (precision, loss
-terms) in seconds on a CPU: two narrow layers of Qwen2's shape (as ``bench/gpu_check.py
+terms) in seconds on a CPU: two narrow layers of Qwen2's shape (as ``bench/engines/gpu_check.py
 --tiny``), saved as a float32 HF model folder that ``GRPOConfig.model`` can name.
 """
 

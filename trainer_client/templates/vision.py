@@ -213,7 +213,7 @@ class VisionChatRenderer(ChatTemplateRenderer):
         ``markers`` stand for special-token text in the content (``TokenCodec.encode_marked``).
 
         The processor's own call also computes every pixel value (12x the time of this
-        path for a 768-px view: bench/bench_vision_splice.py), which the splice throws away.
+        path for a 768-px view: bench/client/vision_splice.py), which the splice throws away.
         So where the processor can count an image's tokens from its size
         (``_get_num_multimodal_tokens``, what vLLM uses), the pads are written into the text
         and the codec tokenizes it; the first ``_FAST_CHECKS`` observations are also run

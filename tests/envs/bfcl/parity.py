@@ -1,6 +1,6 @@
 """Reward parity with BFCL: the gold made imperfect, scored by a real server and by BFCL itself.
 
-Used by ``tests/envs/test_reward_parity_bfcl.py`` (a sample) and ``bench/reward_parity_bfcl.py``
+Used by ``tests/envs/test_reward_parity_bfcl.py`` (a sample) and ``bench/environments/reward_parity_bfcl.py``
 (every task). ``perturbations`` turns a task's gold into non-gold trajectories of many kinds
 (each a list of turns of calls); ``bfcl_verdict`` is BFCL's own evaluation of one (its length
 check, then ``multi_turn_checker`` over call strings, which it ``eval``s: only ever our own

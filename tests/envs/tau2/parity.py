@@ -1,6 +1,6 @@
 """Reward parity with τ²-bench: the gold made imperfect, scored by a real server and by τ² itself.
 
-Used by ``tests/envs/test_reward_parity_tau2.py`` (a sample) and ``bench/reward_parity_tau2.py``
+Used by ``tests/envs/test_reward_parity_tau2.py`` (a sample) and ``bench/environments/reward_parity_tau2.py``
 (≥100 tasks per domain). ``perturbations`` turns a task's gold into non-gold trajectories of
 many kinds (calls dropped, repeated, swapped, moved, failing, arguments changed in value,
 case or type, facts told in other words, runs cut off); ``served`` plays one through a
@@ -73,7 +73,8 @@ class Outcome:
     tau2: float  # τ²'s reward
     ours: float  # /v1/verify's score in eval mode
     refused: int = 0  # calls the server refused (schema)
-    tau2_unfiltered: float | None = None  # τ²'s reward had it run the refused calls too
+    # τ²'s reward had the refused calls never been made (τ² itself runs them: it checks no schema)
+    tau2_without_refused: float | None = None
     reason: str = ""
     tau2_crashed: bool = False  # τ²'s evaluator raised (its run_tasks then scores 0.0)
     components: dict[str, float] = field(default_factory=dict)  # /v1/verify's components
@@ -562,13 +563,14 @@ def _tau2_evaluator() -> tuple[Any, Any]:
 def outcome(
     url: str, pack: Pack, domain: str, task: EnvTask, trajectory: Trajectory, prefix: str = ""
 ) -> Outcome:
-    """Score one trajectory both ways."""
+    """Score one trajectory both ways: τ² runs every call, those our server refused on their
+    schema too (it checks none)."""
     ours = served(url, pack, task, trajectory, prefix)
     tau2_id = task.metadata["tau2_id"]
     solo = bool(task.metadata.get("tau2_solo"))
-    theirs, info = tau2_reward(domain, tau2_id, trajectory, ours.ran, solo=solo)
+    theirs, info = tau2_reward(domain, tau2_id, trajectory, solo=solo)
     crashed = isinstance(info, Exception)
-    unfiltered = tau2_reward(domain, tau2_id, trajectory, solo=solo)[0] if ours.refused else None
+    without = tau2_reward(domain, tau2_id, trajectory, ours.ran, solo=solo)[0] if ours.refused else None
     return Outcome(
         domain,
         task.id,
@@ -576,7 +578,7 @@ def outcome(
         theirs,
         ours.score,
         ours.refused,
-        unfiltered,
+        without,
         str(ours.details.get("benchmark", {}).get("reason") or ""),
         crashed,
         ours.components,

@@ -12,7 +12,7 @@ uvicorn) that plays the customer, tool calls included. Checked here:
 * parity: the gold and its perturbations, the customer's side included (actions dropped,
   repeated, moved, swapped, with other arguments, failing, done by the agent instead or by
   both, an agent's write done by the customer), scored by ``/v1/verify`` in eval mode and by
-  τ²'s own ``evaluate_simulation``: no disagreement (``bench/reward_parity_tau2.py`` runs
+  τ²'s own ``evaluate_simulation``: no disagreement (``bench/environments/reward_parity_tau2.py`` runs
   ≥100 tasks);
 * the rollout: the simulated customer's tool calls reach the world and the verdict, their
   results go back to the simulator, never to the agent.
