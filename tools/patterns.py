@@ -7,8 +7,13 @@ GIL all the while, so the whole server stalls. Here they run on RE2 (Google's en
 ``google-re2``), whose matching time is linear in the input whatever the pattern.
 
 RE2 has no lookaround and no backreferences. A pattern that uses them (or one too large
-for its memory bound) is refused with ``UnsafePattern``, before any argument is checked,
-never run with the backtracking engine instead.
+for its memory bound, or longer than ``MAX_PATTERN_CHARS``) is refused with ``UnsafePattern``,
+before any argument is checked, never run with the backtracking engine instead.
+
+``check_schema`` checks a schema against its metaschema the way jsonschema's own does, but
+its ``format: regex`` check (every ``pattern`` and ``patternProperties`` key) compiles with
+RE2: jsonschema's compiles with ``re``, whose parser took 25 s for one 1.4 MB pattern, holding
+the GIL. It is still CPU work on untrusted input: servers run it off the event loop.
 
 ``linear_validator`` is the jsonschema validator to check untrusted schemas with; it
 refuses a schema up front (``check_patterns``) rather than fail at its first call, and it
@@ -27,12 +32,22 @@ import re2
 import referencing
 from jsonschema.exceptions import ValidationError
 
-__all__ = ["UnsafePattern", "check_patterns", "compile_pattern", "linear_validator"]
+__all__ = [
+    "MAX_PATTERN_CHARS",
+    "UnsafePattern",
+    "check_patterns",
+    "check_schema",
+    "compile_pattern",
+    "linear_validator",
+]
 
 # One compiled pattern's memory (program and DFA cache; past it RE2 matches slower, still
 # linear). The cache below then holds at most _CACHED * _MAX_MEM.
 _MAX_MEM = 1 << 20
 _CACHED = 256
+# The longest pattern accepted (characters): real schemas' patterns are far shorter, and
+# every one is compiled when its schema is checked.
+MAX_PATTERN_CHARS = 4096
 
 
 class UnsafePattern(ValueError):
@@ -46,9 +61,20 @@ def _options() -> re2.Options:
     return options
 
 
-@functools.lru_cache(maxsize=_CACHED)
 def compile_pattern(pattern: str) -> Any:
-    """``pattern`` compiled by RE2 (its ``search`` is linear-time); UnsafePattern if RE2 cannot run it."""
+    """``pattern`` compiled by RE2 (its ``search`` is linear-time); UnsafePattern if RE2 cannot
+    run it or it is longer than ``MAX_PATTERN_CHARS``."""
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise UnsafePattern(
+            f"pattern {_shown(pattern)} is {len(pattern):,} characters long, over the "
+            f"{MAX_PATTERN_CHARS:,} allowed for schema patterns; shorten it (or drop it: the tool "
+            "can check its own arguments)"
+        )
+    return _compiled(pattern)
+
+
+@functools.lru_cache(maxsize=_CACHED)
+def _compiled(pattern: str) -> Any:
     try:
         return re2.compile(pattern, _options())
     except re2.error as exc:
@@ -110,6 +136,32 @@ def check_patterns(schema: Any) -> None:
             "the schema combines patternProperties with unevaluatedProperties, which the "
             "linear-time pattern check does not support; use additionalProperties instead"
         )
+
+
+def _is_re2_pattern(instance: object) -> bool:
+    if isinstance(instance, str):
+        compile_pattern(instance)
+    return True
+
+
+@functools.cache
+def _formats(cls: type) -> jsonschema.FormatChecker:
+    """``cls``'s format checks, ``regex`` on RE2 (bounded) instead of ``re``."""
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = {**cls.FORMAT_CHECKER.checkers, "regex": (_is_re2_pattern, UnsafePattern)}
+    return checker
+
+
+def check_schema(schema: Any, default: type = jsonschema.Draft202012Validator) -> None:
+    """Check ``schema`` against its metaschema (its ``$schema``, else ``default``) without ever
+    compiling its patterns with ``re``.
+
+    Raises UnsafePattern for a pattern RE2 cannot run (or too long), before anything else, and
+    jsonschema.SchemaError for a schema its metaschema refuses.
+    """
+    check_patterns(schema)
+    cls = jsonschema.validators.validator_for(schema, default=default)
+    cls.check_schema(schema, format_checker=_formats(cls))
 
 
 # ------------------------------------------------------------------ jsonschema keywords
@@ -186,7 +238,7 @@ def linear_validator(
     """A jsonschema validator for ``schema`` (its ``$schema``, else ``default``) whose patterns run on RE2.
 
     Raises UnsafePattern for a pattern RE2 cannot run. The schema itself is not checked
-    against its metaschema here: callers do that (``check_schema``) as they did before.
+    against its metaschema here: callers do that first (``check_schema``).
     """
     check_patterns(schema)
     cls = jsonschema.validators.validator_for(schema, default=default)

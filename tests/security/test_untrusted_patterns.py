@@ -22,6 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -33,6 +34,7 @@ from tool_server.upstream.tools import schema_validator
 from tools.patterns import UnsafePattern, compile_pattern, linear_validator
 
 PATTERNS = str(Path(__file__).resolve().parents[1] / "support" / "pattern_upstream.py")
+LONG_PATTERNS = str(Path(__file__).resolve().parents[1] / "support" / "long_pattern_upstream.py")
 EVIL = "a" * 10_000 + "!"  # ^(a+)+$ against this: 2^10000 steps for a backtracking engine
 
 pytestmark = pytest.mark.timeout(300)
@@ -84,6 +86,74 @@ def test_hostile_upstream_patterns_are_checked_in_linear_time_and_never_stall_th
         # What matches still goes through, checked by the same engine.
         assert call(srv.url, "patterns__code", {"value": "a" * 10_000}).structured == {"result": 10_000}
         assert call(srv.url, "patterns__tagged", {"labels": {"xx": 1, "x": 2}}).structured == {"result": 2}
+
+
+async def test_long_upstream_patterns_are_refused_and_checked_off_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: jsonschema's check_schema compiled each pattern with ``re`` on the event loop
+    # (seconds per 1.4 MB pattern, 69.7 s for six in the attack); nothing else ran meanwhile.
+    from tool_server.upstream import tools as upstream_tools
+    from tool_server.upstream.hosting import UpstreamServer
+
+    on_the_loop: list[bool] = []  # per schema check: was it on the event loop's thread?
+    from tools.patterns import check_schema as real_check
+
+    def check_schema(schema: Any, *more: Any) -> None:
+        on_the_loop.append(threading.current_thread() is threading.main_thread())
+        real_check(schema, *more)
+
+    monkeypatch.setattr(upstream_tools, "check_schema", check_schema, raising=False)
+    assert threading.current_thread() is threading.main_thread()  # where this test's loop runs
+
+    longest_gap = 0.0  # the longest the event loop went without running this ticker
+
+    async def tick() -> None:
+        nonlocal longest_gap
+        last = time.monotonic()
+        while True:
+            await anyio.sleep(0.05)
+            longest_gap = max(longest_gap, time.monotonic() - last)
+            last = time.monotonic()
+
+    up = UpstreamServer("long", {"command": sys.executable, "args": [LONG_PATTERNS]}, connect_timeout_s=60)
+    async with anyio.create_task_group() as ticker:
+        ticker.start_soon(tick)
+        try:
+            await up.start()
+            assert up.healthy, up.last_error
+            refused = sorted(up.status()["refused_tools"])
+            assert [why.split("'")[1] for why in refused] == [
+                f"long__long_{kind}_{n}" for kind in ("input", "key", "output") for n in (1, 2)
+            ]
+            assert all("is 1,399,999 characters long, over the 4,096 allowed" in why for why in refused)
+            assert [tool.name for tool in up.catalog] == ["long__short"]
+
+            # The served tool's patterns still hold, in and out (its output check was built
+            # with the catalog, off the loop).
+            assert (await up.call("short", {"word": "abc"})).structured == {"value": "abc"}
+            wrong = await up.call("short", {"word": "ab1"})
+            assert wrong.error is not None and "does not match '^[a-z]+$'" in wrong.error.message
+        finally:
+            await up.stop()
+            ticker.cancel_scope.cancel()
+    assert on_the_loop and not any(on_the_loop), "every schema is checked in a worker thread"
+    assert longest_gap < 10, f"the event loop was held {longest_gap:.1f} s"  # generous: blocked, not slow
+
+
+def test_a_pattern_over_the_length_bound_is_refused_before_any_engine_sees_it() -> None:
+    from tools.patterns import MAX_PATTERN_CHARS, check_schema
+
+    check_schema({"pattern": "a" * MAX_PATTERN_CHARS, "patternProperties": {"b" * MAX_PATTERN_CHARS: {}}})
+    for schema in (
+        {"pattern": "a" * (MAX_PATTERN_CHARS + 1)},
+        {"patternProperties": {"b" * (MAX_PATTERN_CHARS + 1): {}}},
+        {"$defs": {"x": {"items": [{"pattern": "(" * 5000 + ")" * 5000}]}}},
+    ):
+        with pytest.raises(UnsafePattern, match="characters long, over the 4,096 allowed"):
+            check_schema(schema)
+        with pytest.raises(UnsafePattern):
+            linear_validator(schema)
 
 
 def test_the_schema_validator_runs_patterns_on_re2() -> None:

@@ -422,10 +422,14 @@ class UpstreamServer:
 
     # ------------------------------------------------------------------ tool list
 
-    def apply_tools(self, listed: list[dict[str, Any]]) -> bool:
-        """Take the upstream's ``tools/list`` (the supervisor's); returns whether the catalog changed."""
+    async def apply_tools(self, listed: list[dict[str, Any]]) -> bool:
+        """Take the upstream's ``tools/list`` (the supervisor's); returns whether the catalog changed.
+
+        Its schemas are checked in a worker thread: that is CPU work on what the upstream sent
+        (a metaschema walk, every pattern compiled), and the event loop serves everyone else.
+        """
         refused: dict[str, str] = {}
-        catalog = build_catalog(self, listed, refused)
+        catalog = await anyio.to_thread.run_sync(build_catalog, self, listed, refused)
         for why in (why for name, why in refused.items() if self._refused.get(name) != why):
             logger.warning("upstream %s: %s", self.name, why)  # once, not on every probe
         self._refused = refused

@@ -49,7 +49,7 @@ class Supervised(Protocol):
     errlog: TextIO | None
     catalog: list[Any]
 
-    def apply_tools(self, listed: list[dict[str, Any]]) -> bool: ...
+    async def apply_tools(self, listed: list[dict[str, Any]]) -> bool: ...
 
     def tools_changed(self) -> None: ...
 
@@ -193,7 +193,7 @@ class Supervisor:
                 transport, read_timeout_seconds=server.connect_timeout_s, message_handler=on_message
             ) as client,
         ):
-            _outputs_on_re2(client)
+            _outputs_on_re2(client, self.server)
             changed = await self._load_tools(client)
             self.protocol_version = client.protocol_version
             self.client = client
@@ -268,7 +268,7 @@ class Supervisor:
             cursor = page.next_cursor
             if cursor is None:
                 break
-        return self.server.apply_tools(listed)
+        return await self.server.apply_tools(listed)
 
     def _transport(self, on_end: Callable[[], None]) -> Any:
         server = self.server
@@ -298,15 +298,28 @@ class Supervisor:
         )
 
 
-def _outputs_on_re2(client: Client) -> None:
+def _outputs_on_re2(client: Client, server: Supervised) -> None:
     """The SDK checks each result against the tool's ``outputSchema`` with jsonschema and
     Python's backtracking ``re``; the upstream wrote both. Its hook (mcp 2.3.0, pinned) gets
-    ours, which runs the patterns on RE2 (``tools.output_validator``)."""
+    ours, which runs the patterns on RE2 (``tools.output_validator``): the one the catalog
+    built off the event loop for the same schema, else one built here."""
     kept: dict[str, tuple[Any, Any]] = {}  # tool -> (schema, its validator): built once per schema
 
     def validator(name: str, schema: dict[str, Any]) -> Any:
         if name not in kept or kept[name][0] is not schema:
-            kept[name] = (schema, output_validator(name, schema))
+            built = next(
+                (
+                    tool.check_output
+                    for tool in server.catalog
+                    if tool.upstream_name == name
+                    and tool.check_output is not None
+                    and tool.output_schema == schema
+                ),
+                None,
+            )
+            if isinstance(built, RuntimeError):
+                raise built
+            kept[name] = (schema, built if built is not None else output_validator(name, schema))
         return kept[name][1]
 
     client.session._output_schema_validator = validator  # type: ignore[method-assign]

@@ -4,7 +4,9 @@
 name (namespace included), the upstream's own descriptor (title, annotations, output
 schema), and a validator for its ``inputSchema``, so a bad call is ``invalid_arguments``
 before it reaches the upstream. The schema's patterns run on RE2 (``tools.patterns``): a
-tool whose schema has a pattern RE2 cannot run is not served, and its server's status says why.
+tool whose schema has a pattern RE2 cannot run (or one over ``MAX_PATTERN_CHARS``) is not
+served, and its server's status says why. Building a catalog checks every schema, CPU work on
+what the upstream sent: callers run ``build_catalog`` in a worker thread, off the event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import jsonschema
 
 from protocol import META_KEY, ToolMeta
 from tool_server.config import ConfigError
-from tools.patterns import UnsafePattern, check_patterns, linear_validator
+from tools.patterns import UnsafePattern, check_patterns, check_schema, linear_validator
 
 __all__ = [
     "MAX_NAME_LENGTH",
@@ -100,18 +102,16 @@ def schema_validator(tool: str, schema: dict[str, Any]) -> Callable[[dict[str, A
     checks its own. Patterns run on RE2, in time linear in the argument: a schema with a
     pattern RE2 cannot run raises ConfigError here (the tool is not served).
     """
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        check_schema(schema)  # never compiles a pattern with ``re``
+        validator = linear_validator(schema)
+    except UnsafePattern as exc:
+        raise ConfigError(f"tool {tool!r}: its inputSchema: {exc}") from None
     except jsonschema.SchemaError as exc:
         logger.warning(
             "upstream tool %s has an invalid inputSchema (%s); arguments pass unchecked", tool, exc.message
         )
         return _any_object
-    try:
-        validator = linear_validator(schema)
-    except UnsafePattern as exc:
-        raise ConfigError(f"tool {tool!r}: its inputSchema: {exc}") from None
     broken: list[str] = []  # why the schema cannot be checked, once found
 
     def validate(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -140,9 +140,8 @@ def output_validator(tool: str, schema: dict[str, Any]) -> Any:
 
     Raises RuntimeError as the SDK's own check does for a schema it cannot use.
     """
-    cls = jsonschema.validators.validator_for(schema)
     try:
-        cls.check_schema(schema)
+        check_schema(schema, jsonschema.validators.validator_for(schema))
         return linear_validator(schema)
     except jsonschema.SchemaError as exc:
         raise RuntimeError(f"Invalid schema for tool {tool}: {exc.message}") from None
@@ -178,6 +177,9 @@ class UpstreamTool:
     output_schema: dict[str, Any] | None
     descriptor: dict[str, Any]  # the MCP Tool JSON we publish; the registry adds toolsets to _meta
     validate: Callable[[dict[str, Any]], dict[str, Any]] = field(compare=False)
+    # What the MCP client checks a result of this tool with (``output_validator``), built with
+    # the catalog (off the event loop): a validator, the RuntimeError its schema gives, or None.
+    check_output: Any = field(compare=False, default=None)
 
 
 class CatalogSource(Protocol):
@@ -223,10 +225,17 @@ def _tool(server: CatalogSource, exported: str, raw: dict[str, Any]) -> Upstream
     if server.session_arg is not None:
         schema = _without_argument(schema, server.session_arg)
     description = raw.get("description") or f"{raw['name']} (from upstream MCP server '{server.name}')"
+    output_schema = raw.get("outputSchema")
     try:
-        check_patterns(raw.get("outputSchema"))  # the SDK checks its results against it
+        check_patterns(output_schema)  # the SDK checks its results against it
     except UnsafePattern as exc:
         raise ConfigError(f"tool {exported!r}: its outputSchema: {exc}") from None
+    check_output: Any = None
+    if isinstance(output_schema, dict):
+        try:
+            check_output = output_validator(raw["name"], output_schema)
+        except RuntimeError as exc:  # the SDK raises it at each call, as its own check would
+            check_output = exc
     meta = ToolMeta(
         name=exported,
         description=description,
@@ -254,4 +263,5 @@ def _tool(server: CatalogSource, exported: str, raw: dict[str, Any]) -> Upstream
         output_schema=raw.get("outputSchema"),
         descriptor=descriptor,
         validate=schema_validator(exported, schema),
+        check_output=check_output,
     )

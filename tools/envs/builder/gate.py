@@ -41,7 +41,7 @@ from protocol import ToolError
 from tools.envs.builder.llm import StageLog
 from tools.envs.builder.sandboxed import SandboxExecutor
 from tools.envs.pack import Complexity, EnvTask, Pack, call_depths
-from tools.patterns import UnsafePattern, check_patterns, linear_validator
+from tools.patterns import UnsafePattern, check_schema, linear_validator
 
 __all__ = ["PROBES", "GateResult", "ProbePool", "leak_probes", "mentions", "run_gate"]
 
@@ -105,8 +105,7 @@ def check_tools(pack: Pack, source: str, executor: SandboxExecutor, result: Gate
         problem = ""
     for tool in pack.tools:
         try:
-            jsonschema.Draft202012Validator.check_schema(tool.input_schema)
-            check_patterns(tool.input_schema)
+            check_schema(tool.input_schema)  # its patterns on RE2, never compiled with ``re``
         except jsonschema.SchemaError as exc:
             _reject_tool(result, tool.name, f"input schema invalid: {exc.message}")
             continue

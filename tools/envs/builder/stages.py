@@ -27,6 +27,7 @@ from tools.envs.builder import prompts, schemas
 from tools.envs.builder.llm import ChatModel, Rejected, StageLog, ask, schema_problem
 from tools.envs.builder.sandboxed import SandboxExecutor
 from tools.envs.pack import Complexity, EnvTask, GoldCall
+from tools.patterns import UnsafePattern, check_schema
 
 __all__ = ["decompose", "document", "extend_toolset", "integrate", "scale"]
 
@@ -104,7 +105,9 @@ def check_documents(value: dict[str, Any], decomposition: dict[str, Any]) -> dic
     for tool in tools:
         parameters = tool["parameters"]
         try:
-            jsonschema.Draft202012Validator.check_schema(parameters)
+            check_schema(parameters)  # its patterns on RE2, never compiled with ``re``
+        except UnsafePattern:
+            pass  # the gate refuses that tool and says why
         except jsonschema.SchemaError as exc:
             raise Rejected(
                 f"tool {tool['name']}: parameters is not a valid JSON schema: {exc.message}"
