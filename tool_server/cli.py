@@ -135,6 +135,7 @@ def _check_as_serve(config: Config, registry: Registry) -> None:
     """Refuse what ``serve`` refuses beyond the registry and the upstreams (checked by the
     caller): the parts ``create_app`` builds from the config, in this environment (tokens from
     $TOOLFACTORY_TOKENS or auth.tokens_file), without starting anything."""
+    from tool_server.api.queued_bytes import QueuedBytes
     from tool_server.api.routes import HttpApi
     from tool_server.executor.executor import Executor
 
@@ -142,6 +143,7 @@ def _check_as_serve(config: Config, registry: Registry) -> None:
     allowed_hosts = [*config.server.allowed_hosts, *config.mcp.allowed_hosts]
     HostPolicy.build([], allowed_hosts, tokens=bool(tokens))  # spelling; "*" needs tokens
     executor = Executor(registry, config)  # per-tenant shares of calls and sessions
+    QueuedBytes(config.limits)  # its bounds fit a request of the largest size
     if config.workbench.enabled:  # its index limits and tokenizer file
         from tool_server.workbench.routes import Workbench
 

@@ -37,6 +37,12 @@ class LimitsConfig:
     max_admitted_per_tenant: int | None = None
     max_calls_per_batch: int = 4096  # calls in one /v1/calls POST
     max_request_bytes: int = 16 * 1024 * 1024  # body size limit for every endpoint
+    # Bytes of calls bodies (/v1/calls and /v1/verify bodies, stream frames) admitted and not yet
+    # answered (tool_server/api/queued_bytes.py); beyond a bound the body is refused whole:
+    # overloaded / 429. Each bound at least max_request_bytes.
+    max_queued_bytes: int = 1024 * 1024 * 1024  # all together
+    max_queued_bytes_per_tenant: int | None = None  # one token; None: 3/4 of it (all without tokens)
+    max_queued_bytes_per_connection: int = 64 * 1024 * 1024  # one stream's frames in flight
     max_output_chars: int = 32768  # text returned per call; longer output is truncated with a marker
     max_structured_bytes: int = 1024 * 1024  # structured output per call; larger is dropped with a note
     # Images in a result (MCP image content, PNG or JPEG): one over a limit makes the call a
@@ -116,6 +122,13 @@ class ServerConfig:
     # Open connections at most (lowered to fit the open-files limit). At the cap a new one
     # evicts the longest-idle connection; if all have requests in progress it gets a 503.
     max_connections: int = 8192
+    # Open /v1/stream connections one token may hold; beyond, its handshake gets 429. None: 3/4 of
+    # max_connections (all of them without tokens). At the cap, idle streams are evicted (1013)
+    # before a new connection is refused.
+    max_streams_per_tenant: int | None = None
+    # After this long with no call admitted, hand freed heap memory back to the OS (glibc's
+    # malloc_trim; Python keeps what it freed otherwise). 0: never.
+    memory_trim_idle_s: float = 10.0
 
 
 @dataclass

@@ -32,6 +32,7 @@ from protocol import (
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.api.auth import sees_server_wide
 from tool_server.api.openapi import openapi_spec
+from tool_server.api.queued_bytes import ConnectionBytes, QueuedBytes
 from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.executor.executor import Caller, Executor, Overloaded
 from tool_server.executor.records import result_json
@@ -129,6 +130,7 @@ class HttpApi:
         self.default_toolset = default_toolset
         self.retry_after = str(retry_after_s)
         self.max_batch = executor.config.limits.max_calls_per_batch
+        self.queued_bytes = QueuedBytes(executor.config.limits)  # bodies admitted, not yet answered
         self._calls_batches = executor.metrics.batches.labels("calls")  # looked up once: ~1 µs a batch
         self.ready = False
         self.readiness_checks: list[Any] = []  # callables returning (name, healthy, detail)
@@ -180,6 +182,7 @@ class HttpApi:
         scope: Scope,
         caller: Caller | None = None,
         expected_instance: str | None | object = FROM_SCOPE,
+        connection: ConnectionBytes | None = None,
     ) -> bytes | Refusal:
         """Run a calls body ``{"calls": [...]}`` for the caller of ``scope``: the answer
         ``{"results": [...]}`` (one result per call, in order), or why none of it ran.
@@ -187,7 +190,8 @@ class HttpApi:
         The one path of a batch: ``POST /v1/calls`` and each frame of ``/v1/stream``
         (api/stream.py) come here, with the request's or the handshake's scope (its token,
         its instance header). ``caller`` and ``expected_instance`` (``instance_expected(scope)``):
-        given when the caller has them already (a stream reads them once per connection).
+        given when the caller has them already (a stream reads them once per connection);
+        ``connection``: what a stream's frames hold (``QueuedBytes``).
         """
         try:
             calls = decode_calls(body)
@@ -204,6 +208,11 @@ class HttpApi:
         self.executor.metrics.batch_size.observe(len(calls))
         if caller is None:
             caller = self.caller(scope)
+        tenant, size, queued = caller.tenant, len(body), self.queued_bytes
+        refused = queued.take(tenant, size, connection)
+        if refused is not None:
+            self.executor.metrics.rejected.inc()
+            return Refusal(429, ErrorKind.OVERLOADED, refused, calls)
         try:
             results = await self._fenced(
                 scope,
@@ -216,6 +225,8 @@ class HttpApi:
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return Refusal(429, ErrorKind.OVERLOADED, str(exc), calls)
+        finally:
+            queued.give_back(tenant, size, connection)
         # Each kept result is sent as the JSON it was kept as: encoded once (records.result_json).
         return b'{"results":[' + b",".join([result_json(r) for r in results]) + b"]}"
 
@@ -243,8 +254,9 @@ class HttpApi:
         return [refuse(x, refused[i]) if i in refused else next(ran) for i, x in enumerate(items)]
 
     async def verify(self, request: Request) -> Response:
+        body = await request.body()
         try:
-            requests = decode_verify_requests(await request.body())
+            requests = decode_verify_requests(body)
         except ProtocolError as exc:
             return error_response(400, exc.kind, exc.message)
         if len(requests) > self.max_batch:
@@ -255,6 +267,10 @@ class HttpApi:
             )
         self.executor.metrics.batches.labels("verify").inc()
         caller = self.caller(request.scope)
+        refused = self.queued_bytes.take(caller.tenant, len(body))
+        if refused is not None:
+            self.executor.metrics.rejected.inc()
+            return error_response(429, ErrorKind.OVERLOADED, refused, {"Retry-After": self.retry_after})
         try:
             results = await self._fenced(
                 request.scope,
@@ -271,6 +287,8 @@ class HttpApi:
         except Overloaded as exc:
             self.executor.metrics.rejected.inc()
             return error_response(429, ErrorKind.OVERLOADED, str(exc), {"Retry-After": self.retry_after})
+        finally:
+            self.queued_bytes.give_back(caller.tenant, len(body))
         return self.answer({"results": results})
 
     async def tools(self, request: Request) -> Response:

@@ -45,6 +45,7 @@ from starlette.types import Receive, Scope, Send
 from protocol import ErrorKind, ProtocolError, Result, decode_calls, encode
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.api.internal_errors import internal_error_message, log_internal_error
+from tool_server.api.queued_bytes import ConnectionBytes
 from tool_server.api.routes import HttpApi, instance_expected
 from tool_server.api.ws_frames import FRAMES_EXTENSION, FrameLink
 from tool_server.executor.admission import Caller
@@ -120,6 +121,7 @@ class _Connection:
         self._caller: Caller | None = None
         self._caller_version = -1
         self.expected_instance = instance_expected(scope)  # the handshake's: read once
+        self.queued = ConnectionBytes()  # bytes of its frames admitted and not yet answered
 
     def frame(self, data: bytes, text: bool) -> None:
         if not self.peer.open:
@@ -202,7 +204,9 @@ class _Connection:
         await self.peer.send(answer, text)
 
     async def _calls(self, data: bytes) -> bytes:
-        outcome = await self.api.run_calls(data, self.scope, self.caller(), self.expected_instance)
+        outcome = await self.api.run_calls(
+            data, self.scope, self.caller(), self.expected_instance, self.queued
+        )
         if isinstance(outcome, bytes):
             return outcome
         if not outcome.calls:  # the frame did not decode
