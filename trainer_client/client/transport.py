@@ -12,12 +12,19 @@ the failures are three exceptions: ``ConnectFailed`` (no connection, so nothing 
 ``AnswerTimeout`` (sent on an intact connection, no answer in time) and ``ConnectionBroken``
 (sent, then the connection broke). ``HttpxTransport`` maps an ``httpx.AsyncClient`` (one the
 caller injected, e.g. on an ASGI app in process, or when a proxy is configured) onto the same.
+
+A request never goes out on a connection the server has closed: before an idle connection is
+reused, its socket is asked (``poll``, no wait) whether the server hung up, which the event
+loop may not have noticed yet when it is busy; and a request whose bytes could not be written
+at all is sent again on another connection. Either way nothing left, so the call is not
+"maybe delivered".
 """
 
 from __future__ import annotations
 
 import asyncio
 import http
+import select
 import ssl
 import time
 import urllib.request
@@ -44,6 +51,12 @@ __all__ = [
 ]
 
 _HEADER_CACHE = 64  # encoded header blocks kept (one per distinct headers dict the client uses)
+_SEND_TRIES = 3  # connections a request may find closed under it before it is "could not connect"
+# What an idle connection's socket must not show: the peer hung up (FIN: POLLRDHUP, Linux), an
+# error or a reset; on plain HTTP also bytes nobody asked for (a late or stray answer; on TLS
+# the server may send session tickets, which are not a reason to drop the connection).
+_HUNG_UP = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+_UNASKED = _HUNG_UP | select.POLLIN
 
 
 class ConnectFailed(Exception):
@@ -187,6 +200,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
+        self._poll: select.poll | None = None  # its socket, to look at before it is reused
         self._parser = httptools.HttpResponseParser(self)
         self._waiter: asyncio.Future[Answer] | None = None
         self._exchange: Exchange | None = None
@@ -200,13 +214,35 @@ class _Connection(asyncio.Protocol):
 
     # --- the request
 
-    def send(self, data: bytes, waiter: asyncio.Future[Answer], exchange: Exchange | None) -> None:
+    def still_open(self) -> bool:
+        """Whether an idle connection may carry a request: the server has not closed it, even if
+        the event loop has not yet read that it did (a busy loop reads the end late)."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            return False
+        if self._poll is None:
+            return True
+        try:
+            return not self._poll.poll(0)
+        except (OSError, ValueError):  # the socket is gone
+            return False
+
+    def send(self, data: bytes, waiter: asyncio.Future[Answer], exchange: Exchange | None) -> bool:
+        """Write the request; False if not one byte of it could leave (the connection was
+        already closed or broken: the write failed at once), with ``waiter`` left untouched."""
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return False
         self._waiter, self._exchange = waiter, exchange
         self._status, self._headers, self._body = 0, {}, []
         self._framed = self._headers_done = self.reusable = False
         self._sent_at = time.monotonic()
-        assert self.transport is not None
         self.transport.write(data)
+        # asyncio sends at once when nothing is queued; a send that fails there sent nothing
+        # and closes the transport before ``write`` returns. A partial send queues the rest.
+        if self.transport.is_closing() and self.transport.get_write_buffer_size() == 0:
+            self._waiter = self._exchange = None
+            return False
+        return True
 
     def timed_out(self, timeout_s: float) -> None:
         self._fail(AnswerTimeout(f"no answer within {timeout_s:g} s"))
@@ -222,6 +258,10 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), _HUNG_UP if self.origin.ssl is not None else _UNASKED)
 
     def data_received(self, data: bytes) -> None:
         if self._waiter is None:  # bytes nobody asked for: the connection is out of step
@@ -235,6 +275,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._poll = None
         if self._waiter is not None and self._headers_done and not self._framed:
             self._complete()  # an answer delimited by the end of the connection
         else:
@@ -300,8 +341,9 @@ class Pool:
 
     An idle connection is reused last-in first-out, and never once it has been idle for
     ``keepalive_s`` (well under a server's own keep-alive timeout, 5 s by default: a connection
-    the server is closing must not carry a request, which would then be "maybe delivered"); it
-    is closed when next looked at, or by the server. At most ``max_idle`` are kept. A request that finds the pool full waits for a connection, first
+    the server is closing must not carry a request, which would then be "maybe delivered"), nor
+    once its socket shows the server hung up (``_Connection.still_open``); it is closed when next
+    looked at, or by the server. At most ``max_idle`` are kept. A request that finds the pool full waits for a connection, first
     come first served. A connection whose request failed or was cancelled is closed.
     """
 
@@ -331,12 +373,21 @@ class Pool:
     ) -> Answer:
         target = self._targets.get(url) or self._target(url)
         data = b"%s%scontent-length: %d\r\n\r\n%s" % (target.head, self._encoded(headers), len(body), body)
-        connection = await self._acquire(target.origin, timeout_s)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[Answer] = loop.create_future()
+        for _ in range(_SEND_TRIES):
+            connection = await self._acquire(target.origin, timeout_s)
+            if connection.send(data, waiter, exchange):
+                break
+            connection.close()  # closed under us before a byte left: another connection
+            self._release(connection)
+        else:
+            raise ConnectFailed(
+                f"{_SEND_TRIES} connections to {target.origin.host}:{target.origin.port} closed "
+                "before the request could be written; nothing was sent"
+            )
         timer = loop.call_later(timeout_s, connection.timed_out, timeout_s)
         try:
-            connection.send(data, waiter, exchange)
             answer = await waiter
         except BaseException:  # failed, timed out or cancelled: the connection's state is unknown
             connection.close()
@@ -369,7 +420,7 @@ class Pool:
                 now = time.monotonic()
                 while idle:
                     connection = idle.pop()
-                    if not connection.closed and now - connection.idle_since < self._keepalive_s:
+                    if now - connection.idle_since < self._keepalive_s and connection.still_open():
                         return connection
                     connection.close()
                     self._open -= 1

@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import select
 import shutil
 import socket
+import socketserver
 import ssl
+import struct
 import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.support.server import running_server
+from tests.support.server import running_server, server_config
 from trainer_client.client.transport import AnswerTimeout, ConnectFailed, ConnectionBroken, Exchange, Pool
 
 HEADERS = {"content-type": "application/json"}
@@ -262,3 +266,81 @@ async def test_https_uses_httpx_trust_settings(tmp_path: Path, monkeypatch: pyte
         await trusting.aclose()
     finally:
         server.close()
+
+
+def _idle_socket(http: Pool) -> int:
+    """The file descriptor of the pool's one idle connection."""
+    (origin,) = http._origins.values()
+    (connection,) = origin.idle
+    assert connection.transport is not None
+    return int(connection.transport.get_extra_info("socket").fileno())
+
+
+def _block_until(fd: int, events: int) -> None:
+    """Hold the event loop (as a busy trainer's is) until ``fd`` shows ``events``: the loop has
+    not read what arrived, so the pool has not seen it either."""
+    watcher = select.poll()
+    watcher.register(fd, events)
+    assert watcher.poll(60_000), "the server did not close the idle connection within 60 s"
+
+
+async def test_a_connection_the_server_closed_while_the_loop_was_busy_is_not_reused() -> None:
+    """A real tool server (uvicorn) closes idle keep-alive connections (after ``keep_alive_s``,
+    or evicted under load). Before: the pool reused one whose end the busy loop had not read
+    yet, the POST broke, and the dispatcher made its calls ``outcome_unknown``; nothing had run."""
+    config = server_config(server={"keep_alive_s": 1})
+    with running_server(config) as server:
+        http = pool(keepalive_s=600.0)  # our own idle limit out of the way: only the server's counts
+        body = orjson.dumps({"calls": [{"call_id": "k-1", "name": "echo", "arguments": {"text": "hi"}}]})
+        assert (await http.post(server.url + "/v1/calls", body, HEADERS, 30.0)).status_code == 200
+        _block_until(_idle_socket(http), select.POLLIN)  # the server's FIN arrived, unread
+        again = orjson.dumps({"calls": [{"call_id": "k-2", "name": "echo", "arguments": {"text": "ho"}}]})
+        answer_2 = await http.post(server.url + "/v1/calls", again, HEADERS, 30.0)
+        await http.aclose()
+    assert answer_2.status_code == 200
+    assert orjson.loads(answer_2.content)["results"][0]["structured"]["text"] == "ho"
+
+
+async def test_a_request_that_could_not_be_written_goes_on_another_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server resets the connection between the pool's look at it and the write (here: the
+    look is skipped): the write fails at once, so not a byte left, and the request goes on a
+    new connection instead of failing as "maybe delivered"."""
+    answered = threading.Event()
+    connections: list[socket.socket] = []
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            connections.append(self.request)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += self.request.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            while len(body) < length:
+                body += self.request.recv(65536)
+            self.request.sendall(answer(body))
+            if len(connections) == 1:  # the first: reset once the client has its answer
+                answered.wait(60)
+                self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/calls"
+    try:
+        http = pool(keepalive_s=600.0)
+        assert (await http.post(url, b"first", HEADERS, 30.0)).content == b"first"
+        fd = _idle_socket(http)
+        answered.set()
+        _block_until(fd, select.POLLHUP | select.POLLERR)  # reset arrived, unread by the loop
+        monkeypatch.setattr(
+            "trainer_client.client.transport._Connection.still_open", lambda self: True, raising=False
+        )
+        assert (await http.post(url, b"second", HEADERS, 30.0)).content == b"second"
+        await http.aclose()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(connections) == 2
