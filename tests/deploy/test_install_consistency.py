@@ -53,7 +53,7 @@ def test_the_image_installs_the_versions_make_setup_installs() -> None:
     assert installs
     for arguments in installs:
         assert "-c" in arguments and arguments[arguments.index("-c") + 1] == "constraints.txt", arguments
-        flag_values = {arguments[i + 1] for i, a in enumerate(arguments) if a == "-c"}
+        flag_values = {arguments[i + 1] for i, a in enumerate(arguments) if a in ("-c", "-r")}
         for requirement in (a for a in arguments if not a.startswith("-") and a not in flag_values | {"."}):
             name, _, version = requirement.partition("==")
             assert version, f"{name} is installed without a version"
