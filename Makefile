@@ -96,10 +96,14 @@ demo: setup
 
 # `make test` builds .venv-vllm too (`make vllm`: ~5.5 min once, ~3.4 GB) and runs the real-vLLM
 # tests (tests/engines: one shared vLLM server, ~5-10 min and ~3.8 GB of memory on a 2-core
-# machine); TOOLFACTORY_REQUIRE_VLLM=1 makes a missing or broken engine a failure, not a skip.
-# `make test-engines` runs only those.
+# machine); TOOLFACTORY_REQUIRE_TRAINER/VLLM=1 make a missing or broken component of the set-up a
+# failure, not a skip (tests/support/require.py), and -rs lists every skip. The tests run on
+# TEST_WORKERS pytest-xdist workers (one per core), one torch thread each; tests that share an
+# expensive fixture run on one worker (tests/support/xdist_groups.py); pytest-timeout limits grow
+# with the machine's load (tests/support/timeouts.py). `make test-engines` runs only tests/engines.
+TEST_WORKERS ?= auto
 test: setup vllm
-	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 $(PY) -m pytest -q  # a missing veRL or vLLM fails (tests/support/require.py, tests/engines/conftest.py)
+	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 test-engines: setup vllm
 	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 $(PY) -m pytest -q tests/engines

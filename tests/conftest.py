@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.support.demo import QuickDemo, run_quick_demo
+from tests.support.timeouts import scale_timeout
+from tests.support.xdist_groups import mark_groups
 
 
 @pytest.fixture(scope="session")
@@ -12,3 +16,13 @@ def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> QuickDemo:
     """The quick demo, run once per test session (SmolLM2 on the CPU, ~40 s): its end-to-end
     test checks the run, the workbench's test opens the rollout files it wrote."""
     return run_quick_demo(tmp_path_factory.mktemp("quick-demo") / "demo")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    mark_groups(items)  # tests that share an expensive fixture run on one xdist worker
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    scale_timeout(item)  # before pytest-timeout's own wrapper reads the limit
+    yield
