@@ -24,6 +24,7 @@ import pytest
 
 from protocol import new_session_id
 from tests.support.processes import started
+from tests.support.require import require_program
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,9 +58,8 @@ http {{
 
 
 def nginx_binary() -> str:
-    found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
-    if found is None:
-        pytest.skip("nginx is not installed (make setup apt-installs SYSTEM_PACKAGES when run as root)")
+    found = shutil.which("nginx") or "/usr/sbin/nginx"
+    require_program(found, "nginx: make setup apt-installs SYSTEM_PACKAGES")
     return found
 
 

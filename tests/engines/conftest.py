@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.require import require_vllm
 from trainer_client.backends.models import load_model, load_tokenizer, resolve_model_path
 from trainer_client.backends.vllm import VLLMGenerator
 from trainer_client.backends.vllm_server import (
     LocalVLLMServer,
     VLLMServerSettings,
     local_vllm_server,
-    vllm_python,
 )
 
-REQUIRE_VLLM = os.environ.get("TOOLFACTORY_REQUIRE_VLLM") == "1"
 STARTUP_TIMEOUT_S = 1200.0  # a loaded 2-core machine has taken ~3 min; leave room
 
 
@@ -38,12 +36,7 @@ STARTUP_TIMEOUT_S = 1200.0  # a loaded 2-core machine has taken ~3 min; leave ro
 def started_vllm(**settings: Any) -> Iterator[LocalVLLMServer]:
     """A vLLM server for the packaged SmolLM2 with these ``VLLMServerSettings`` fields, stopped
     on exit. Without .venv-vllm the test is skipped, or failed under ``TOOLFACTORY_REQUIRE_VLLM=1``."""
-    try:
-        vllm_python()
-    except FileNotFoundError as exc:
-        if REQUIRE_VLLM:
-            pytest.fail(f"{exc} (TOOLFACTORY_REQUIRE_VLLM=1: `make test` builds it)", pytrace=False)
-        pytest.skip(f"{exc}; set TOOLFACTORY_REQUIRE_VLLM=1 to make this a failure")
+    require_vllm()
     config = VLLMServerSettings(resolve_model_path("smollm2"), **settings)
     with local_vllm_server(config, startup_timeout_s=STARTUP_TIMEOUT_S) as server:
         yield server

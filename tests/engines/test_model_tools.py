@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from protocol import VerifyRequest
+from tests.support.require import require_vllm
 from tests.support.server import REPO, ServerProcess, running_server, server_config
 from tools.data.environments import task_row
 from tools.envs.tau2 import packs as tau2
@@ -178,12 +179,8 @@ print("ok")
 def test_every_guide_is_decoded_by_xgrammar_in_vllm() -> None:
     from tests.envs.test_builder import DECOMPOSITION, DOCUMENTS, SMALL_DECOMPOSITION, _small_documents
     from tools.envs.builder import schemas
-    from trainer_client.backends.vllm_server import vllm_python
 
-    try:
-        python = vllm_python()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
+    python = require_vllm()
     guides = {}
     for small, decomposition, documents in (
         (False, DECOMPOSITION, DOCUMENTS), (True, SMALL_DECOMPOSITION, _small_documents(["id"]))

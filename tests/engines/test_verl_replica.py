@@ -25,8 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.engines.conftest import REQUIRE_VLLM
-from tests.support.require import require
+from tests.support.require import require, require_vllm
 from tests.support.server import REPO, running_server
 
 require("verl")
@@ -34,7 +33,6 @@ require("fastapi")  # veRL's agent loop imports it without declaring it
 torch = require("torch")
 
 from trainer_client.backends.models import resolve_model_path  # noqa: E402
-from trainer_client.backends.vllm_server import vllm_python  # noqa: E402
 from trainer_client.verl.config import LoopSettings, write_agent_loop_yaml  # noqa: E402
 
 pytestmark = pytest.mark.timeout(2400)
@@ -45,12 +43,7 @@ LOOPS = ("toolfactory_search", "toolfactory_bank")
 
 
 def vllm_site_packages() -> Path:
-    try:
-        python = vllm_python()
-    except FileNotFoundError as exc:
-        if REQUIRE_VLLM:
-            pytest.fail(f"{exc} (TOOLFACTORY_REQUIRE_VLLM=1)", pytrace=False)
-        pytest.skip(str(exc))
+    python = require_vllm()
     done = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True, timeout=60,

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.support import env_pack
+from tests.support.require import require
 from tests.support.server import REPO
 from tools.envs.pack import load_pack
 from trainer_client.rollout.dataset import load_tasks
@@ -551,7 +552,7 @@ def test_env_score_names_what_it_cannot_score(tmp_path: Path) -> None:
 
 
 def test_env_score_prints_bfcls_accuracy_per_category(tmp_path: Path) -> None:
-    pytest.importorskip("bfcl_eval", reason="bfcl-eval is installed by `make setup` (pip install --no-deps)")
+    require("bfcl_eval", reason="bfcl-eval is installed by `make setup` (pip install --no-deps)")
     records = [
         {"ground_truth": {"pack": pack, "task": task}, "reward": r, "reward_components": {"benchmark": r}}
         for pack, task, r in [

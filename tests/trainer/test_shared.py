@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.require import require
 from trainer_client.client.tool_client import ToolClient
 from trainer_client.rollout.dataset import DatasetError, TaskRow
 from trainer_client.shared import LoopClients, plain
@@ -16,7 +17,7 @@ from trainer_client.shared import LoopClients, plain
 def test_plain_turns_numpy_and_omegaconf_values_into_json_data() -> None:
     row = {"a": np.array([1, 2]), "b": (np.int64(3), {"c": np.float32(0.5)}), 4: "x"}
     assert plain(row) == {"a": [1, 2], "b": [3, {"c": 0.5}], "4": "x"}
-    omegaconf = pytest.importorskip("omegaconf")
+    omegaconf = require("omegaconf")
     config = omegaconf.OmegaConf.create({"urls": ["http://a"], "args": {"k": 1}})
     assert plain(config) == {"urls": ["http://a"], "args": {"k": 1}}
 
@@ -59,7 +60,7 @@ def test_a_dataset_row_becomes_a_task() -> None:
 
 
 async def test_the_agent_loop_rereads_tool_schemas_after_their_ttl(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("verl")
+    require("verl")
     from trainer_client.verl import agent_loop as verl_agent_loop
 
     class Server:

@@ -12,10 +12,11 @@ from pathlib import Path
 import orjson
 import pytest
 
+from tests.support.require import require
 from tests.workbench.rollouts import image_record
 from trainer_client.cli.command import main
 
-pytest.importorskip("PIL", reason="Pillow (images extra) renders the test picture")
+require("PIL", reason="Pillow (images extra) renders the test picture")
 
 
 def show(tmp_path: Path, record: dict, capsys: pytest.CaptureFixture[str]) -> str:

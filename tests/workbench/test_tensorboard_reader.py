@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.require import require
 from tool_server.workbench.tensorboard import ScalarReader, _tensor_scalar, thin
 
-tb_summary = pytest.importorskip("tensorboard.summary", reason="tensorboard (trainer extra)")
+tb_summary = require("tensorboard.summary", reason="tensorboard (trainer extra)")
 
 
 def event_file(directory: Path, points: int) -> Path:

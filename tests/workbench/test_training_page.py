@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.require import require
 from tests.support.server import running_server, server_config
 from tests.workbench.conftest import screenshot
 from trainer_client.rollout.summary import RunLog
@@ -59,8 +60,8 @@ def write_tensorboard_runs(runs: Path) -> dict[str, dict[str, list[tuple[int, fl
     """Two real event files: the trainer's RunLog (torch's SummaryWriter: simple_value) beside its
     metrics.jsonl, and a veRL-style tensorboard_log/<project>/<experiment> written by TensorBoard's
     own writer (scalars as tensors). What each run's tags should read back."""
-    pytest.importorskip("torch.utils.tensorboard", reason="torch's SummaryWriter (trainer extra)")
-    tb_summary = pytest.importorskip("tensorboard.summary", reason="tensorboard (trainer extra)")
+    require("torch.utils.tensorboard", reason="torch's SummaryWriter (trainer extra)")
+    tb_summary = require("tensorboard.summary", reason="tensorboard (trainer extra)")
     (runs / "local").mkdir(parents=True)
     log = RunLog(runs / "local", tensorboard=True)
     for step in range(1, 13):

@@ -27,6 +27,7 @@ import pytest
 from mcp import Client
 
 from protocol import decode_results
+from tests.support.require import require
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
 
 NOTEBOOK = {"target": "tests.support.stateful_tools:notebook", "toolsets": ["test"]}
@@ -260,7 +261,7 @@ def test_a_url_session_is_released_by_delete_on_its_url(srv: ServerProcess) -> N
 
 async def test_a_stock_agent_framework_client_gets_its_world_from_the_url(srv: ServerProcess) -> None:
     """The OpenAI Agents SDK's MCP client, as its docs show it: a URL, no hooks, no ``_meta``."""
-    agents_mcp = pytest.importorskip("agents.mcp")
+    agents_mcp = require("agents.mcp", reason="openai-agents (dev extra)")
     session = f"agent-{uuid.uuid4().hex}"
     params = {"url": f"{srv.url}/mcp/test/s/{session}"}
     async with agents_mcp.MCPServerStreamableHttp(params=params, name="toolfactory") as server:

@@ -17,14 +17,15 @@ import yaml
 
 from protocol import META_KEY
 from tests.server.upstream.test_served import wait_for
+from tests.support.require import require_program
 from tests.support.server import BASE_TOOLS, REPO, running_server, server_config
 from tool_server.config import DEFAULT_CONFIG_PATH, Config
 from tool_server.upstream.hosting import CLIENT_ONLY_KEYS, MAX_NAME_LENGTH, OPTION_KEYS, export_names
 
 TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
 OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+require_program(TIME_SERVER, "mcp-server-time (dev extra)")
 pytestmark = [
-    pytest.mark.skipif(not Path(TIME_SERVER).exists(), reason="mcp-server-time is not installed"),
     pytest.mark.timeout(180),
 ]
 

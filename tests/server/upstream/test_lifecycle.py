@@ -16,12 +16,13 @@ from mcp import Client
 
 from tests.server.upstream.test_proxying import children
 from tests.server.upstream.test_served import call, wait_for
+from tests.support.require import require_program
 from tests.support.server import running_server, server_config
 
 TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
 NOTEBOOK = str(Path(__file__).resolve().parents[2] / "support" / "notebook_upstream.py")
+require_program(TIME_SERVER, "mcp-server-time (dev extra)")
 pytestmark = [
-    pytest.mark.skipif(not Path(TIME_SERVER).exists(), reason="mcp-server-time is not installed"),
     pytest.mark.timeout(180),
 ]
 

@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from mcp import Client
 
 from protocol import META_KEY, decode_results
 from tests.server.upstream.test_proxying import sdk_http_app
 from tests.support.openai_server import serve_in_thread
+from tests.support.require import require_program
 from tests.support.server import BASE_TOOLS, running_server, server_config
 
 TIME_SERVER = shutil.which("mcp-server-time") or str(Path(sys.executable).parent / "mcp-server-time")
 OPENAI_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-pytestmark = pytest.mark.skipif(not Path(TIME_SERVER).exists(), reason="mcp-server-time is not installed")
+require_program(TIME_SERVER, "mcp-server-time (dev extra)")
 
 
 def call(url: str, name: str, arguments: dict[str, Any]) -> Any:

