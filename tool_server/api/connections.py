@@ -22,9 +22,13 @@ Both timers count only while the server is reading: when uvicorn pauses reading 
 control, pipelined requests), the wait is the server's, not the client's.
 
 A connection upgraded to a WebSocket (``/v1/stream``) stays counted while it is open
-(``ws_frames.GuardedWebSocketProtocol``, passed to uvicorn as ``ws=``), as one with a request
-in progress: it is never evicted (its client may be between two calls of an episode, waiting
-for its model), so WebSockets cannot take fds past the cap either.
+(``ws_frames.GuardedWebSocketProtocol``, passed to uvicorn as ``ws=``), so WebSockets cannot
+take fds past the cap either. A stream belongs to its handshake's tenant, which may hold at most
+``max_streams_per_tenant`` of them (429 at the handshake beyond). While it has a frame in flight
+it is not evictable; idle, it is, after the idle HTTP connections: the stream of the tenant
+holding the most streams that has been idle longest is closed with 1013 (try again later; its
+client may be between two calls of an episode, and reconnects for the next). So one token's
+idle streams never lock another tenant out.
 
 uvicorn's ``limit_concurrency`` does not fit: it answers 503 only once the headers are
 complete (a slow-loris never gets there, and the refused connection stays open until it
@@ -40,10 +44,13 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from tool_server.config import ConfigError
+from tool_server.executor.admission import ANONYMOUS_TENANT
 
 log = logging.getLogger("tool_server.api.connections")
 
@@ -63,6 +70,19 @@ class ConnectionLimits:
     body_timeout_s: float = 30.0
     max_connections: int = 8192
     retry_after_s: int = 1
+    max_streams_per_tenant: int | None = None  # None: 3/4 of max_connections
+
+    def stream_share(self, tenant: str) -> int:
+        """Open streams one tenant may hold (a server without tokens: as many as it may open)."""
+        if tenant == ANONYMOUS_TENANT:
+            return self.max_connections
+        if self.max_streams_per_tenant is not None:
+            return self.max_streams_per_tenant
+        return max(1, self.max_connections * 3 // 4)
+
+
+class Evictable(Protocol):
+    def evict(self) -> None: ...
 
 
 @dataclass
@@ -74,17 +94,61 @@ class ConnectionGuard:
     lingering: int = 0  # refused connections not yet closed
     # Admitted connections with no request in progress, longest-waiting first: eviction order.
     waiting: dict[GuardedProtocol, None] = field(default_factory=dict)
+    # Open streams (ws_frames.GuardedWebSocketProtocol) by tenant, and those with no frame in
+    # flight by tenant, longest-idle first: evicted after idle HTTP connections.
+    streams: dict[str, int] = field(default_factory=dict)
+    idle_streams: dict[str, dict[Evictable, None]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_EVENTS, 0))
     _logged_counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_EVENTS, 0))
     _logged_at: float = 0.0
 
     def evict_one(self) -> bool:
-        """Close the longest-waiting connection without a request in progress; False if none."""
-        if not self.waiting:
-            return False
-        victim = next(iter(self.waiting))
-        victim.evict()
-        return True
+        """Close the longest-waiting connection without a request in progress; False if none.
+
+        An HTTP one first (idle keep-alive, or headers still coming), else an idle stream of the
+        tenant holding the most streams: one tenant's idle streams cannot keep out another's
+        requests, and the tenant that holds most gives way first.
+        """
+        if self.waiting:
+            next(iter(self.waiting)).evict()
+            return True
+        if self.idle_streams:
+            streams = self.streams
+            tenant = max(self.idle_streams, key=lambda t: streams[t])
+            next(iter(self.idle_streams[tenant])).evict()
+            return True
+        return False
+
+    def add_stream(self, tenant: str) -> str | None:
+        """Count an open stream of ``tenant``; or, without counting it, why it may not open."""
+        held, share = self.streams.get(tenant, 0), self.limits.stream_share(tenant)
+        if held >= share:
+            return (
+                f"your token holds {held} open /v1/stream connections; one token may hold {share} "
+                "(server.max_streams_per_tenant): send more calls over the ones you have"
+            )
+        self.streams[tenant] = held + 1
+        return None
+
+    def remove_stream(self, tenant: str, stream: Evictable) -> None:
+        self.stream_idle(tenant, stream, False)
+        left = self.streams[tenant] - 1
+        if left:
+            self.streams[tenant] = left
+        else:
+            del self.streams[tenant]
+
+    def stream_idle(self, tenant: str, stream: Evictable, idle: bool) -> None:
+        """Mark a stream idle (evictable, now the newest) or busy (not evictable)."""
+        idle_streams = self.idle_streams
+        if idle:
+            idle_streams.setdefault(tenant, {})[stream] = None
+            return
+        of_tenant = idle_streams.get(tenant)
+        if of_tenant is not None:
+            of_tenant.pop(stream, None)
+            if not of_tenant:
+                del idle_streams[tenant]
 
     def note(self, event: str) -> None:
         """Count an event; log a summary at most every LOG_EVERY_S (a flood must not flood the log)."""
@@ -343,9 +407,13 @@ def limits_from_config(server: Any, retry_after_s: int) -> ConnectionLimits:
             cap,
             fd_limit,
         )
+    share = server.max_streams_per_tenant
+    if share is not None and share < 1:
+        raise ConfigError(f"server.max_streams_per_tenant must be at least 1 (or null), got {share}")
     return ConnectionLimits(
         header_timeout_s=server.header_timeout_s,
         body_timeout_s=server.body_timeout_s,
         max_connections=cap,
         retry_after_s=retry_after_s,
+        max_streams_per_tenant=share,
     )

@@ -44,6 +44,7 @@ from starlette.types import Receive, Scope, Send
 
 from protocol import ErrorKind, ProtocolError, Result, decode_calls, encode
 from protocol.messages import MAX_ID_LENGTH
+from tool_server.api.auth import refuse
 from tool_server.api.internal_errors import internal_error_message, log_internal_error
 from tool_server.api.queued_bytes import ConnectionBytes
 from tool_server.api.routes import HttpApi, instance_expected
@@ -54,6 +55,7 @@ from tool_server.sessions import INSTANCE_HEADER
 log = logging.getLogger(__name__)
 
 MESSAGE_TOO_BIG = 1009  # WebSocket close code
+SHUTTING_DOWN = "the server is shutting down: this call was not run; resend it on a new connection"
 _RELEASE_KEY = b'"release"'
 _FRAMES = '{"calls": [{"call_id", "name", "arguments", "session"?}, ...]} or {"release": "<session id>"}'
 
@@ -77,8 +79,14 @@ class CallStream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (await receive())["type"] != "websocket.connect":
             return
-        await send(self._accept)
         link: FrameLink | None = (scope.get("extensions") or {}).get(FRAMES_EXTENSION)
+        if link is not None:  # counted as one of its token's streams (api/connections.py)
+            refusal = link.admit(self.api.caller(scope).tenant)
+            if refusal is not None:
+                error = {"error": {"kind": str(ErrorKind.OVERLOADED), "message": refusal}}
+                await refuse(scope, send, 429, error, [(b"retry-after", self.api.retry_after.encode())])
+                return
+        await send(self._accept)
         connection = _Connection(self, scope, _Peer(send, link))
         if link is not None:
             link.attach(connection)
@@ -118,6 +126,8 @@ class _Connection:
         self.room = asyncio.Event()  # set while frames are taken (_room_or_not)
         self.room.set()
         self._releasing = 0  # release frames whose task has not taken its first step
+        self._busy = False  # frames in flight (told to the link: an idle stream is evictable)
+        self.draining = False  # the server is shutting down (drain)
         self._caller: Caller | None = None
         self._caller_version = -1
         self.expected_instance = instance_expected(scope)  # the handshake's: read once
@@ -126,6 +136,9 @@ class _Connection:
     def frame(self, data: bytes, text: bool) -> None:
         if not self.peer.open:
             return  # closing: what came after the close is not run
+        if self.draining:  # never run: each call is told so, to be resent elsewhere
+            self.peer.send_now(_refused(data, ErrorKind.OVERLOADED, SHUTTING_DOWN), text)
+            return
         if len(data) > self.stream.max_frame_bytes:
             reason = (
                 f"frame of {len(data)} bytes over limits.max_request_bytes "
@@ -170,11 +183,25 @@ class _Connection:
         self._releasing -= 1
         self._room_or_not()
 
+    def drain(self) -> None:
+        """The server shuts down: new frames are refused, and once the frames in flight are
+        answered the link closes the connection (1012)."""
+        self.draining = True
+        self._room_or_not()
+
     def _room_or_not(self) -> None:
         """Take no further frame while max_in_flight are in flight or a release is closing its
-        session; take them again after."""
-        full = len(self.in_flight) >= self.stream.max_in_flight or self._releasing > 0
+        session; take them again after. Tell the link whether any frame is in flight."""
+        in_flight = len(self.in_flight)
         link = self.peer.link
+        busy = in_flight > 0 or self._releasing > 0
+        if busy != self._busy and link is not None:
+            self._busy = busy
+            link.set_busy(busy)
+        if self.draining and not busy and link is not None:
+            link.drained()
+            return
+        full = in_flight >= self.stream.max_in_flight or self._releasing > 0
         if full and self.room.is_set():
             self.room.clear()
             if link is not None:
@@ -269,6 +296,14 @@ class _Peer:
         self.link = link
         self.open = True
 
+    def send_now(self, data: bytes, text: bool) -> None:
+        """``send`` from a callback: at once over the link, else in a task."""
+        if self.link is not None:
+            if self.open:
+                self.open = self.link.send_frame(data, text)
+            return
+        asyncio.get_running_loop().create_task(self.send(data, text))
+
     async def send(self, data: bytes, text: bool) -> None:
         if not self.open:
             return
@@ -305,12 +340,16 @@ def _error(kind: str, message: str) -> bytes:
 
 
 def _internal_error(data: bytes, request_id: str) -> bytes:
-    """What a frame that met a bug of ours is answered: a result per call, where its calls can
-    be read (else the client could not tell which calls failed), or an error frame."""
+    """What a frame that met a bug of ours is answered."""
     message = internal_error_message(request_id, " while running this call: it may or may not have run")
+    return _refused(data, ErrorKind.OUTCOME_UNKNOWN, message, frame_kind="internal")
+
+
+def _refused(data: bytes, kind: ErrorKind, message: str, frame_kind: str | None = None) -> bytes:
+    """A frame's answer when none of it ran normally: a failure result per call, where its calls
+    can be read (else the client could not tell which calls failed), or an error frame."""
     try:
         call_ids = [call.call_id for call in decode_calls(data)]
     except ProtocolError:
-        return _error("internal", message)
-    failures = [Result.failure(i, ErrorKind.OUTCOME_UNKNOWN, message) for i in call_ids]
-    return encode({"results": failures})
+        return _error(frame_kind or kind, message)
+    return encode({"results": [Result.failure(i, kind, message) for i in call_ids]})

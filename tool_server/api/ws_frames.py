@@ -34,6 +34,10 @@ class FrameReceiver(Protocol):
 
     def frame(self, data: bytes, text: bool) -> None: ...
 
+    def drain(self) -> None:
+        """The server is shutting down: answer what is in flight, then call ``FrameLink.drained``."""
+        ...
+
 
 class FrameLink(Protocol):
     """A WebSocket's frames without ASGI messages, queues or tasks: the ``FRAMES_EXTENSION``
@@ -55,6 +59,19 @@ class FrameLink(Protocol):
         ...
 
     def resume_frames(self) -> None: ...
+
+    def admit(self, tenant: str) -> str | None:
+        """Count the connection as one of ``tenant``'s streams (before the handshake is
+        accepted); or, counting nothing, why the tenant may not open another."""
+        ...
+
+    def set_busy(self, busy: bool) -> None:
+        """Frames in flight (not evictable) or none (evictable at the connection cap)."""
+        ...
+
+    def drained(self) -> None:
+        """Every frame of a draining connection is answered: close it (1012)."""
+        ...
 
 
 FRAMES_EXTENSION = "toolfactory.frames"
@@ -114,6 +131,8 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     guard: ClassVar[ConnectionGuard]
     _counted = False
+    _tenant: str | None = None  # whose stream it is, once admitted (ConnectionGuard.streams)
+    _drain_timer: asyncio.TimerHandle | None = None
     _receiver: FrameReceiver | None = None
     _own_frames = False  # the bytes after the handshake are read here, not by websockets
     _receiver_full = False  # pause_frames()
@@ -129,12 +148,32 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
         self._partial = bytearray()  # the start of a frame not yet whole (read here)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._counted:
-            self._counted = False
-            self.guard.open -= 1
+        self._uncount()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+        # What was read and not delivered goes now, not when the protocol is collected (the
+        # scope, the app's task and the transport hold it in cycles: a half-sent 16 MiB frame
+        # stayed until a full collection).
         self._held.clear()
+        self._partial = bytearray()
+        self.frames = []
+        reader = getattr(self.conn, "reader", None)  # websockets' parser: a frame it was reading
+        buffer = getattr(reader, "buffer", None)
+        if isinstance(buffer, bytearray):
+            buffer.clear()
         self._receiver = None  # it holds this protocol (its sends): no cycle left behind
         super().connection_lost(exc)
+
+    def _uncount(self) -> None:
+        """Stop counting the connection: it is closing."""
+        guard = self.guard
+        if self._counted:
+            self._counted = False
+            guard.open -= 1
+        if self._tenant is not None:
+            guard.remove_stream(self._tenant, self)
+            self._tenant = None
 
     def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
@@ -145,6 +184,8 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def attach(self, receiver: FrameReceiver) -> None:
         self._receiver = receiver
+        if self._tenant is not None:  # accepted, nothing in flight: evictable from now on
+            self.guard.stream_idle(self._tenant, self, True)
         self._own_frames = at_frame_boundary(self.conn)
 
     def send_frame(self, data: bytes, text: bool) -> bool:
@@ -163,6 +204,54 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     def resume_frames(self) -> None:
         self._receiver_full = False
         self._deliver_held()
+
+    def admit(self, tenant: str) -> str | None:
+        refusal = self.guard.add_stream(tenant)
+        if refusal is None:
+            self._tenant = tenant
+        return refusal
+
+    def set_busy(self, busy: bool) -> None:
+        if self._tenant is not None:
+            self.guard.stream_idle(self._tenant, self, not busy)
+
+    # -- eviction and shutdown ------------------------------------------------------------
+
+    def evict(self) -> None:
+        """Make room for a new connection: close this idle stream with 1013 (try again later)."""
+        self.guard.note("evicted")
+        self._close(1013, "idle stream closed: the server is at its connection limit; reconnect")
+
+    def shutdown(self) -> None:
+        """uvicorn's shutdown (SIGTERM): a stream with frames is drained as a POST is, its calls
+        answered on it as they finish, then closed with 1012; frames that come meanwhile get an
+        ``overloaded`` result per call (never run: resend them elsewhere). Past the graceful
+        shutdown timeout it is closed all the same."""
+        receiver = self._receiver
+        if receiver is None or self.close_sent or self.transport.is_closing() or self._drain_timer:
+            super().shutdown()
+            return
+        grace = self.config.timeout_graceful_shutdown
+        if grace is not None:
+            self._drain_timer = self.loop.call_later(grace, self.drained)
+        receiver.drain()  # may call drained() now
+
+    def drained(self) -> None:
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+        self._drain_timer = None
+        self._close(1012, "")
+
+    def _close(self, code: int, reason: str) -> None:
+        self._uncount()
+        if self.close_sent or self.transport.is_closing():
+            return
+        self.stop_keepalive()
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code})
+        self.conn.send_close(code, reason)
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = True
+        self.transport.close()
 
     # -- reading ----------------------------------------------------------------------
 

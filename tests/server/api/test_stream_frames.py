@@ -469,6 +469,7 @@ def test_uvicorn_and_websockets_internals_the_frames_rely_on() -> None:
         "send_receive_event_to_app",
         "pause_writing",
         "resume_writing",
+        "shutdown",  # drained, not closed at once
     ):
         assert callable(getattr(WebSocketsSansIOProtocol, hook, None)), hook
         assert hook in GuardedWebSocketProtocol.__dict__, hook
@@ -482,7 +483,11 @@ def test_uvicorn_and_websockets_internals_the_frames_rely_on() -> None:
         "def handle_parser_exception(self)",
         '"extensions": {"websocket.http.response": {}}',
         "self.response = self.conn.accept(event)",
+        'self.queue.put_nowait({"type": "websocket.disconnect", "code": 1012})',  # shutdown
+        "def stop_keepalive(self)",
+        "self.config = config",  # timeout_graceful_shutdown, the drain's limit
     ):
         assert used in source, used
     server, _ = handshaken()
     assert server.max_message_size == MAX_FRAME_BYTES
+    assert isinstance(server.reader.buffer, bytearray)  # cleared when the connection is lost
