@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import logging
@@ -24,6 +25,7 @@ from tool_server.api.routes import HttpApi, error_response
 from tool_server.api.stream import CallStream
 from tool_server.config import Config, ConfigError
 from tool_server.executor.executor import Executor
+from tool_server.memory_trim import IdleTrimmer, malloc_trim_function
 from tool_server.metrics import Metrics
 from tool_server.registry import Registry
 from tool_server.sandbox_mode import log_mode, probe, sandbox_users
@@ -159,6 +161,12 @@ def create_app(
                 gc.freeze()
             metrics.gc_pauses.watch()
             stack.callback(metrics.gc_pauses.unwatch)
+            trimmer = IdleTrimmer(
+                config.server.memory_trim_idle_s,
+                lambda: (executor.admitted, executor.results_stored),
+                malloc_trim_function(),
+            )
+            stack.callback(asyncio.create_task(trimmer.run()).cancel)
             api.ready = True
             log.info("tool server ready: %d tools", len(registry.entries))
             try:

@@ -65,6 +65,16 @@ class TTLStore(Generic[K, V]):
         if len(puts) > self.max_entries or puts[0][0] < now or self.bytes > self.max_bytes:
             self._evict(now)
 
+    def sweep(self) -> int:
+        """Drop the entries that have expired; how many went. Puts and gets only drop what they
+        meet, so an idle store held its expired results (and their memory) until the next put:
+        the owner calls this every few seconds."""
+        before = len(self._items)
+        puts = self._puts
+        if puts and puts[0][0] < time.monotonic():
+            self._evict(time.monotonic())
+        return before - len(self._items)
+
     def _evict(self, now: float) -> None:
         """Drop puts from the front while there are too many, too large, or expired.
 

@@ -88,6 +88,7 @@ class Executor:
         self._runner = CallRunner(self.sessions, OutputShaper(limits), limits, self.run_inner)
         self._stats = self.metrics.tool_stats.for_tool  # a bound method: looked up once
         self._sweeper: asyncio.Task[None] | None = None
+        self._store_sweeper: asyncio.Task[None] | None = None
 
     @property
     def capacity(self) -> int:
@@ -144,10 +145,19 @@ class Executor:
                 if asyncio.iscoroutine(outcome):
                     await outcome
         self._sweeper = asyncio.create_task(self.sessions.run_sweeper(self.config.sessions.sweep_interval_s))
+        self._store_sweeper = asyncio.create_task(self._sweep_stores())
+
+    async def _sweep_stores(self) -> None:
+        """Expired results leave on time, not at the next put: an idle server gives them back."""
+        interval = self._records.sweep_interval_s()
+        while True:
+            await asyncio.sleep(interval)
+            self._records.sweep()
 
     async def stop(self) -> None:
-        if self._sweeper:
-            self._sweeper.cancel()
+        for sweeper in (self._sweeper, self._store_sweeper):
+            if sweeper is not None:
+                sweeper.cancel()
         await self.sessions.close_all()
         seen: set[int] = set()
         for entry in self.registry.entries.values():

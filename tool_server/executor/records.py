@@ -94,6 +94,15 @@ class CallRecords:
             sizes["cache"] = (len(self._cache), self._cache.bytes)
         return sizes
 
+    def sweep(self) -> int:
+        """Drop the expired entries of both stores (``TTLStore.sweep``); how many went."""
+        return self._done.sweep() + (self._cache.sweep() if self._cache is not None else 0)
+
+    def sweep_interval_s(self) -> float:
+        """How often to sweep: a tenth of the shortest lifetime, between 50 ms and 5 s."""
+        ttls = [self._done.ttl_s] + ([self._cache.ttl_s] if self._cache is not None else [])
+        return min(5.0, max(0.05, min(ttls) / 10))
+
     def earlier(self, key: str, call_id: str, fingerprint: int) -> Result | asyncio.Future[Result] | None:
         """What the call_id already stands for: its kept result, its running call to join,
         a refusal if it was used for another call, or None (an id not seen yet)."""

@@ -85,3 +85,23 @@ def test_a_cache_hit_is_the_cached_result_under_the_new_id() -> None:
     assert hit.cached and hit.call_id == "q2" and hit.elapsed_ms == 0.0
     assert (hit.content, hit.structured, hit.is_error) == (first.content, first.structured, first.is_error)
     assert orjson.loads(result_json(hit))["call_id"] == "q2"  # not the cached entry's bytes
+
+
+def test_expired_results_leave_on_time_on_an_idle_server() -> None:
+    """No put or get after the calls: only the executor's sweeper can drop them."""
+    ex = executor(idempotency={"ttl_s": 0.2}, cache={"ttl_s": 0.2})
+
+    async def main() -> tuple[int, int]:
+        await ex.start()
+        try:
+            await ex.run_batch([Call(f"c{i}", "calculator", {"expression": f"{i}+1"}) for i in range(50)])
+            kept = ex.store_sizes()["idempotency"][0] + ex.store_sizes()["cache"][0]
+            async with asyncio.timeout(30):  # generous: the sweep runs every 50 ms here
+                while any(entries for entries, _ in ex.store_sizes().values()):
+                    await asyncio.sleep(0.05)
+            return kept, sum(size for _, size in ex.store_sizes().values())
+        finally:
+            await ex.stop()
+
+    kept, size_left = asyncio.run(main())
+    assert kept == 100 and size_left == 0

@@ -76,3 +76,15 @@ def test_an_entry_larger_than_the_whole_budget_is_not_kept_and_evicts_nothing(cl
     assert store.bytes == 600 and len(store) == 2
     store.put("a", "y" * 10, size=5000)  # a value too large for its key: the old one is stale
     assert store.get("a") is None and store.bytes == 300
+
+
+def test_sweep_drops_what_expired_without_a_put_or_a_get(clock: list[float]) -> None:
+    store: TTLStore[str, bytes] = TTLStore(max_entries=10, ttl_s=5)
+    store.put("a", b"x", 100)
+    clock[0] += 2
+    store.put("b", b"y", 100)
+    assert store.sweep() == 0 and len(store) == 2
+    clock[0] += 3.5  # "a" expired, "b" not yet
+    assert store.sweep() == 1 and len(store) == 1 and store.bytes == 100
+    clock[0] += 5
+    assert store.sweep() == 1 and len(store) == 0 and store.bytes == 0
