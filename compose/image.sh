@@ -23,7 +23,7 @@ DEFAULT_BASE=python:3.11-slim
 DEBIAN_BASE=localhost/toolfactory/debian-python:3.11-bookworm
 CACHE=${TOOLFACTORY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toolfactory}
 HOST_CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd -P "$(dirname "$0")/.." && pwd)  # -P: the checkout itself, also through a symlinked compose/
 
 say() { echo "image.sh: $*" >&2; }
 

@@ -193,6 +193,9 @@ class PageRunner:
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
             "VIRTUAL_ENV": str(REPO / ".venv"),
             "TOOLFACTORY__SERVER__PORT": str(self.port),
+            # A compose stack a page starts (the README's container block) is the runner's own,
+            # never one the reader runs from the same checkout (project "compose").
+            "COMPOSE_PROJECT_NAME": f"toolfactory-docs-{self.port}",
             "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("PYTHONPATH", None)  # as a reader's shell: the docs say where they need it
