@@ -25,6 +25,7 @@ import yaml
 
 from protocol import ToolError, VerifyRequest, decode_results, decode_verify_results
 from tests.support.openai_server import create_app, dead_url, serve_in_thread, shared_chat_model
+from tests.support.reward_hacks import check_task
 from tests.support.scripted_openai import ScriptedChat
 from tests.support.server import running_server, server_config
 from tools.envs.builder import BuildConfig, ChatModel, SandboxExecutor, build, load_built_pack
@@ -342,7 +343,19 @@ def test_the_loaded_pack_replays_its_gold_in_the_sandbox_and_scores_full_marks(b
         extended.distractors == ["find_books_by_author"]
         and "toolset_extension" in extended.complexity.scaling
     )
-    assert lend.reward_basis == ["calls", "state", "answer"] and extended.reward_basis == ["calls", "answer"]
+    # state on every task: a write a question did not ask for fails it
+    assert lend.reward_basis == ["calls", "state", "answer"] and extended.reward_basis == lend.reward_basis
+
+
+def test_no_cheat_pays_on_the_built_pack(built, executor) -> None:
+    """The reward-hacking families (tests/verifiers/test_reward_hacking.py) against a built pack,
+    whose tools run in the sandbox: each scores at most 0.5 and below the honest ladder."""
+    _, _, out = built
+    pack = load_built_pack(out / "pack", executor)
+    families: set[str] = set()
+    for task in pack.tasks:
+        families |= set(check_task(pack, task))
+    assert {"junk_arguments", "number_spam", "varied_repeats", "answer_without_calls"} <= families
 
 
 def test_the_built_pack_served_plays_a_task_and_is_scored(built) -> None:

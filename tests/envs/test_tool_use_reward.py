@@ -320,9 +320,11 @@ def test_a_bare_guess_earns_nothing_for_calls_it_never_tried(pack: Pack) -> None
     assert guess.components["answer"] == 1.0
     world = run(pack, task, gold_calls(task))
     wrong_answer = score(pack, task, world, trajectory(world, "50", turns=[2]))
-    # under the default weights a lucky guess earns the answer and the untouched world only
-    # (0.15 + 0.1 + 0.05 + communicate 0.1), far below the right calls with a wrong answer
-    assert guess.score == pytest.approx(0.4) and guess.score < wrong_answer.score
+    # under the default weights a lucky guess earns the answer and what it says only
+    # (answer, communicate: 2 x 0.05, and no success: no call was made), far below the right
+    # calls with a wrong answer
+    assert guess.components["success"] == 0.0
+    assert guess.score == pytest.approx(0.1) and guess.score < wrong_answer.score
     chat = _task("chat", [], gold={"answer": "hello"})
     chat_pack = Pack(PackInfo("chat-test"), TOOLS, STATE, [chat])
     polite = score(chat_pack, chat, run(chat_pack, chat, []), trajectory(chat_pack.new_world(chat), "hello"))

@@ -21,12 +21,25 @@ from typing import Any
 from protocol import ToolError, VerifyRequest
 from tools.envs.pack import EnvTask, Pack, call_depths
 from tools.envs.world import World
+from tools.verifiers.tool_use.reward import score
 from tools.verifiers.tool_use.schema import compile_schema
 
-__all__ = ["Trajectory", "cheats", "ladder", "messages", "play_in_process", "right_reply"]
+__all__ = [
+    "FINISHING",
+    "Trajectory",
+    "check_task",
+    "cheats",
+    "ladder",
+    "messages",
+    "play_in_process",
+    "right_reply",
+    "scored",
+]
 
 Call = tuple[str, dict[str, Any]]
 SPAM = " ".join(str(n) for n in range(201))
+# Families whose trajectory holds a call that does a one-call task (the repeats come after it).
+FINISHING = {"varied_repeats"}
 
 
 @dataclass
@@ -96,7 +109,7 @@ def cheats(task: EnvTask) -> list[Trajectory]:
     lookups = [
         (c.name, dict(c.arguments))
         for c in task.gold.calls
-        if c.finds or (c.compare is not None and set(c.arguments) - set(c.compare))
+        if getattr(c, "finds", None) or (c.compare is not None and set(c.arguments) - set(c.compare))
     ]
     out = [
         Trajectory("junk_arguments", [(n, _junk(a, i)) for i, (n, a) in enumerate(gold)], "I do not know."),
@@ -176,3 +189,40 @@ def play_in_process(pack: Pack, task: EnvTask, trajectory: Trajectory) -> tuple[
         response_start=len(task.prompt),
     )
     return world, request
+
+
+def scored(p: Pack, task: EnvTask, trajectory: Trajectory) -> Any:
+    world, request = play_in_process(p, task, trajectory)
+    return score(p, task, world, request, mode="train")
+
+
+def check_task(p: Pack, task: EnvTask) -> dict[str, float]:
+    """Score the ladder and every cheat of ``task`` in process (train mode, default weights) and
+    assert the bound and the ranking (tests/verifiers/test_reward_hacking.py says which). Returns
+    each family's score."""
+    rungs = [scored(p, task, t) for t in ladder(task)]
+    figures = {t.family: r.score for t, r in zip(ladder(task), rungs, strict=True)}
+    assert rungs[-1].score == 1.0, (task.id, "the correct trajectory", rungs[-1].details)
+    for lower, higher in zip(rungs[:-2], rungs[1:-1], strict=True):
+        assert lower.score < higher.score, (
+            task.id,
+            "an honest rung pays no more than the one below",
+            figures,
+        )
+    if len(rungs) > 1:
+        assert rungs[-2].score <= rungs[-1].score, (task.id, figures)
+    gold_count = len(task.gold.calls)
+    out = {}
+    for cheat in cheats(task):
+        result = scored(p, task, cheat)
+        out[cheat.family] = result.score
+        why = (task.id, cheat.family, result.score, figures, result.components)
+        solved = round(result.components["completeness"] * gold_count)
+        assert result.score < rungs[min(solved, len(rungs) - 1)].score, why
+        if result.components["success"] == 1.0:
+            # only repeats may ride on a call that already did the task: they earn nothing past it
+            assert cheat.family in FINISHING, why
+            assert result.score < rungs[solved - 1].score, why
+        else:
+            assert result.score <= 0.5, why
+    return out

@@ -25,16 +25,13 @@ import httpx
 import pytest
 
 from protocol import decode_results, decode_verify_results
-from tests.support.reward_hacks import Trajectory, cheats, ladder, messages, play_in_process
+from tests.support.reward_hacks import FINISHING, Trajectory, cheats, check_task, ladder, messages, scored
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.envs import image_env
 from tools.envs.pack import EnvTask, Pack
 from tools.envs.procedural import WORLDS, pack
-from tools.verifiers.tool_use.reward import score
 
 TASKS = 24  # per pack: 6 per level
-# Families whose trajectory holds a call that does a one-call task (the repeats come after it).
-FINISHING = {"varied_repeats"}
 
 
 def _packs() -> dict[str, Pack]:
@@ -54,42 +51,6 @@ def _packs() -> dict[str, Pack]:
 PACKS = _packs()
 
 
-def _scored(p: Pack, task: EnvTask, trajectory: Trajectory) -> Any:
-    world, request = play_in_process(p, task, trajectory)
-    return score(p, task, world, request, mode="train")
-
-
-def _check_task(p: Pack, task: EnvTask) -> dict[str, float]:
-    """Score the ladder and every cheat of ``task``; assert the bound and the ranking. Returns
-    each family's score (for the summary test)."""
-    rungs = [_scored(p, task, t) for t in ladder(task)]
-    figures = {t.family: r.score for t, r in zip(ladder(task), rungs, strict=True)}
-    assert rungs[-1].score == 1.0, (task.id, "the correct trajectory", rungs[-1].details)
-    for lower, higher in zip(rungs[:-2], rungs[1:-1], strict=True):
-        assert lower.score < higher.score, (
-            task.id,
-            "an honest rung pays no more than the one below",
-            figures,
-        )
-    if len(rungs) > 1:
-        assert rungs[-2].score <= rungs[-1].score, (task.id, figures)
-    gold_count = len(task.gold.calls)
-    out = {}
-    for cheat in cheats(task):
-        result = _scored(p, task, cheat)
-        out[cheat.family] = result.score
-        why = (task.id, cheat.family, result.score, figures, result.components)
-        solved = round(result.components["completeness"] * gold_count)
-        assert result.score < rungs[min(solved, len(rungs) - 1)].score, why
-        if result.components["success"] == 1.0:
-            # only repeats may ride on a call that already did the task: they earn nothing past it
-            assert cheat.family in FINISHING, why
-            assert result.score < rungs[solved - 1].score, why
-        else:
-            assert result.score <= 0.5, why
-    return out
-
-
 @pytest.mark.parametrize("name", sorted(PACKS))
 def test_no_cheat_pays_and_the_honest_ladder_rises(name: str) -> None:
     p = PACKS[name]
@@ -97,7 +58,7 @@ def test_no_cheat_pays_and_the_honest_ladder_rises(name: str) -> None:
     assert levels == ({1, 2, 3} if name == "image" else {1, 2, 3, 4}), levels
     worst: dict[str, float] = {}
     for task in p.tasks:
-        for family, value in _check_task(p, task).items():
+        for family, value in check_task(p, task).items():
             worst[family] = max(worst.get(family, 0.0), value)
     # every family ran somewhere in this pack
     expected = {
@@ -121,7 +82,7 @@ def test_the_measured_junk_lookup_shortcut_is_closed() -> None:
     junk = Trajectory(
         "junk", [("find_room", {"name": "qq0"}), ("find_room", {"name": "qq1"})], "I do not know"
     )
-    result = _scored(p, task, junk)
+    result = scored(p, task, junk)
     assert result.components["completeness"] == 0.0 and result.components["failed_calls"] == 2.0
     assert result.score < 0.2, result.components
     assert "does not hold what the task needs" in result.details["unmatched"][0]["why"]
@@ -157,41 +118,46 @@ def server() -> Iterator[ServerProcess]:
         yield srv
 
 
-def _served_score(srv: ServerProcess, p: Pack, task: EnvTask, trajectory: Trajectory) -> Any:
-    session = uuid.uuid4().hex
-    opened = httpx.post(
-        srv.url + "/v1/sessions",
-        json={"session": session, "environment": {"pack": p.id, "task": task.id}},
-        timeout=60,
-    )
-    assert opened.status_code == 201, srv.output[-3000:]
+def _served_scores(srv: ServerProcess, p: Pack, task: EnvTask, trajectories: list[Trajectory]) -> list[Any]:
+    """Each trajectory played in its own session bound to ``task`` (all calls in one batch: a
+    session's calls run in order) and scored by ``/v1/verify`` on its world (one batch)."""
+    sessions = [uuid.uuid4().hex for _ in trajectories]
+    for session in sessions:
+        opened = httpx.post(
+            srv.url + "/v1/sessions",
+            json={"session": session, "environment": {"pack": p.id, "task": task.id}},
+            timeout=60,
+        )
+        assert opened.status_code == 201, srv.output[-3000:]
     try:
-        body = {
-            "calls": [
-                {"call_id": uuid.uuid4().hex, "name": n, "arguments": a, "session": session}
-                for n, a in trajectory.calls
-            ]
-        }
-        results = []
-        if trajectory.calls:
-            response = httpx.post(srv.url + "/v1/calls", json=body, timeout=60)
-            assert response.status_code == 200, srv.output[-3000:]
-            results = decode_results(response.content)
+        calls = [
+            {"call_id": uuid.uuid4().hex, "name": n, "arguments": a, "session": session}
+            for session, trajectory in zip(sessions, trajectories, strict=True)
+            for n, a in trajectory.calls
+        ]
+        response = httpx.post(srv.url + "/v1/calls", json={"calls": calls}, timeout=120)
+        assert response.status_code == 200, srv.output[-3000:]
+        results = iter(decode_results(response.content))
         refused = {"invalid_arguments", "unknown_tool"}
-        records = [None if r.is_error and r.error and r.error.kind in refused else r for r in results]
-        chat = messages(task, trajectory, [_Shown(r) if r is not None else None for r in records])
-        request = {
-            "verifier": "tool_use",
-            "ground_truth": {"pack": p.id, "task": task.id},
-            "messages": chat,
-            "response_start": len(task.prompt),
-            "session": session,
-        }
-        verdict = httpx.post(srv.url + "/v1/verify", json={"requests": [request]}, timeout=60)
-        assert verdict.status_code == 200, srv.output[-3000:]
-        return decode_verify_results(verdict.content)[0]
+        requests = []
+        for session, trajectory in zip(sessions, trajectories, strict=True):
+            mine = [next(results) for _ in trajectory.calls]
+            shown = [None if r.is_error and r.error and r.error.kind in refused else _Shown(r) for r in mine]
+            requests.append(
+                {
+                    "verifier": "tool_use",
+                    "ground_truth": {"pack": p.id, "task": task.id},
+                    "messages": messages(task, trajectory, shown),
+                    "response_start": len(task.prompt),
+                    "session": session,
+                }
+            )
+        verdicts = httpx.post(srv.url + "/v1/verify", json={"requests": requests}, timeout=120)
+        assert verdicts.status_code == 200, srv.output[-3000:]
+        return decode_verify_results(verdicts.content)
     finally:
-        httpx.delete(f"{srv.url}/v1/sessions/{session}", timeout=60)
+        for session in sessions:
+            httpx.delete(f"{srv.url}/v1/sessions/{session}", timeout=60)
 
 
 class _Shown:
@@ -207,10 +173,11 @@ def test_the_server_scores_cheats_as_in_process(server: ServerProcess, name: str
     p = SERVED[name]
     for level in sorted({t.complexity.level for t in p.tasks}):
         task = next(t for t in p.tasks if t.complexity.level == level)
-        for trajectory in [*ladder(task), *cheats(task)]:
-            served = _served_score(server, p, task, trajectory)
-            assert not served.is_error, served.error
-            local = _scored(p, task, trajectory)
+        trajectories = [*ladder(task), *cheats(task)]
+        for trajectory, served in zip(
+            trajectories, _served_scores(server, p, task, trajectories), strict=True
+        ):
+            local = scored(p, task, trajectory)
             assert served.score == pytest.approx(local.score, abs=1e-9), (task.id, trajectory.family)
             if not trajectory.family.startswith("honest") and trajectory.family not in FINISHING:
                 assert served.score <= 0.5 and served.components["success"] == 0.0, (

@@ -5,8 +5,11 @@ weights, on procedural tasks of levels 1-3 (one call, two parallel calls, a chai
 
 - a bare guess (no call, the lucky right reply) scores below the right first call alone;
 - repeating the first call scores below making it once;
-- a failed call with the same lucky reply scores at least the bare guess (trying never loses to guessing);
-- the guess, the repeat and the half-done trajectory all score below the correct trajectory.
+- a failed call with the same lucky reply scores at least the bare guess (trying never loses to guessing),
+  at most 0.5 and below the right first call;
+- the guess, the repeat, the failed call and the half-done trajectory all score below the correct one.
+
+tests/verifiers/test_reward_hacking.py runs every cheating family over every world.
 
 Worlds, call logs and gold replays are real: calls run through ``Pack.call`` on a fresh
 ``Pack.new_world``, as on the server.
@@ -89,7 +92,12 @@ def test_no_shortcut_pays_as_much_as_the_right_calls(world_pack: Pack, level: in
         assert guess < first_only, (task.id, "a bare guess pays as much as the right first call", figures)
         assert repeated < first_only, (task.id, "repeating the first call pays", figures)
         assert guess <= failed_then_guess, (task.id, "a guess beats trying a call", figures)
-        assert max(guess, repeated, first_only if len(gold) > 1 else 0.0) < correct, (task.id, figures)
+        # the junk-argument call with the lucky reply fails the task: at most half, below the right calls
+        assert failed_then_guess <= 0.5 and failed_then_guess < first_only, (task.id, figures)
+        assert max(guess, repeated, failed_then_guess, first_only if len(gold) > 1 else 0.0) < correct, (
+            task.id,
+            figures,
+        )
 
 
 def test_the_default_weights_sum_to_one_with_per_call_credit() -> None:

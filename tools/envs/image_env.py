@@ -87,10 +87,15 @@ def _current_view(world: World) -> tuple[list[int], int]:
     return [0, 0, scene["width"], scene["height"]], 0
 
 
-def _legible(label: Mapping[str, Any], box: Sequence[int], rotation: int, scale: float) -> bool:
+def _framed(label: Mapping[str, Any], box: Sequence[int], scale: float) -> bool:
+    """The label's text lies inside the view, large enough to read once turned upright."""
     x0, y0, x1, y1 = label["text_box"]
     inside = box[0] <= x0 and box[1] <= y0 and x1 <= box[2] and y1 <= box[3]
-    return inside and label["size"] * scale >= LEGIBLE_PX and (label["rotation"] + rotation) % 360 == 0
+    return inside and label["size"] * scale >= LEGIBLE_PX
+
+
+def _legible(label: Mapping[str, Any], box: Sequence[int], rotation: int, scale: float) -> bool:
+    return _framed(label, box, scale) and (label["rotation"] + rotation) % 360 == 0
 
 
 def _show(world: World, box: list[int], rotation: int) -> ToolOutput:
@@ -114,6 +119,9 @@ def _show(world: World, box: list[int], rotation: int) -> ToolOutput:
         "rotation": rotation,
         "scale": round(scale, 4),
         "size": [shown.width, shown.height],
+        # which frames the view holds, readable (once upright): what the tool_use reward checks
+        # a zoom found (the gold zoom's ``finds``); the model reads the text, not this
+        "in_view": [label["id"] for label in scene["labels"] if _framed(label, box, scale)],
     }
     return ToolOutput.image(png(shown), "image/png", text, structured)
 
@@ -311,8 +319,14 @@ def _apart(a: Sequence[int], b: Sequence[int], gap: int) -> bool:
 def _gold_zoom(scene: Mapping[str, Any], label: Mapping[str, Any], call_id: str) -> GoldCall:
     x0, y0, x1, y1 = label["box"]
     box = _box(scene, x0 - GOLD_MARGIN, y0 - GOLD_MARGIN, x1 + GOLD_MARGIN, y1 + GOLD_MARGIN)
-    # Any zoom call matches: whether it was on the right place is the state component (targets revealed).
-    return GoldCall("zoom", dict(zip(("x0", "y0", "x1", "y1"), box, strict=True)), id=call_id, compare=[])
+    # Any zoom that frames the label matches (its coordinates are free); one elsewhere finds nothing.
+    return GoldCall(
+        "zoom",
+        dict(zip(("x0", "y0", "x1", "y1"), box, strict=True)),
+        id=call_id,
+        compare=[],
+        finds=[label["id"]],
+    )
 
 
 def _task(rng: random.Random, task_id: str, level: int, width: int, height: int, count: int) -> EnvTask:

@@ -103,7 +103,10 @@ class GoldCall:
 
     ``compare`` names the arguments a matching call must agree on (None: all of them);
     ``depends_on`` the ids of gold calls whose outputs this one needs (so it cannot run
-    before them); ``output`` the expected output (None: whatever replay produces).
+    before them); ``output`` the expected output (None: whatever replay produces);
+    ``finds`` the values (record ids, labels) its result must hold for the call to count —
+    None: for a call whose ``compare`` leaves arguments out, the ``tool_use`` reward derives
+    them from the gold replay (``tools.verifiers.tool_use.targets``).
     """
 
     name: str
@@ -112,6 +115,7 @@ class GoldCall:
     depends_on: list[str] = field(default_factory=list)
     compare: list[str] | None = None
     output: Any = None
+    finds: list[Any] | None = None
 
 
 @dataclass

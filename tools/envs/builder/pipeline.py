@@ -284,7 +284,8 @@ def _env_task(raw: dict[str, Any], task_id: str, writes: set[str]) -> EnvTask:
         complexity=Complexity.from_calls(calls, distractors=len(raw["distractors"]), scaling=raw["scaling"]),
         tools=used + list(raw["distractors"]),
         distractors=list(raw["distractors"]),
-        reward_basis=["calls"] + (["state"] if changes else []) + (["answer"] if answer else []),
+        # state even on a question: a write it did not ask for fails it
+        reward_basis=["calls", "state"] + (["answer"] if answer else []),
         metadata={"origin": "built", "level_asked": raw["level"]},
     )
 

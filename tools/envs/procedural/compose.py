@@ -280,7 +280,8 @@ def compose_task(
         tools=_ordered(used | set(distractors), tool_names),
         distractors=distractors,
         state_patch=patch,
-        reward_basis=["calls"] + (["state"] if writes else []) + (["answer"] if answer is not None else []),
+        # state even on a question: a write it did not ask for fails it
+        reward_basis=["calls", "state"] + (["answer"] if answer is not None else []),
         metadata={"world": world.NAME, "steps": [s.name for s in steps], "writes": writes, "derive": derive},
     )
 

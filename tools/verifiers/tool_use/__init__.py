@@ -4,6 +4,7 @@
   answer, penalties) and the default weights;
 * ``match``: one-to-one matching of executed calls to gold calls, respecting ``depends_on``;
 * ``schema``: schema validity of calls, with compiled checkers cached per schema;
+* ``targets``: what a gold lookup must find for a call to count;
 * ``values``: argument and output comparison (BFCL-style normalisation).
 """
 

@@ -22,7 +22,9 @@ Components (floats in [0, 1] unless marked as a count):
   one to one, in dependency order (``match``: an exact search, not a greedy guess). A read
   (a tool without ``writes``) repeated with the same arguments stands for no further gold
   call than the gold has copies of it: a repeated search, whose words are not compared,
-  does not solve a second lookup.
+  does not solve a second lookup. A gold lookup (a ``compare`` that leaves arguments out)
+  is matched only by a call whose result holds its targets (``targets``: what later calls or
+  the answer need); a call whose result misses them is a failed call.
 - FTRL's outcome measures (Ye et al. 2025, arXiv 2508.08791), with S = solved sub-goals
   (gold calls matched by a call whose output equals ``GoldCall.output`` when that is
   set), N = calls made, G = gold calls: ``precision`` = S/N, ``completeness`` = S/G,
@@ -38,16 +40,20 @@ Components (floats in [0, 1] unless marked as a count):
   cached per pack and task) record for record, else 0.0; ``state_fraction``: the share of
   records either world changed that end equal (``World.matching_fraction``: a dense
   signal). No world (session gone): both 0.0.
-- ``answer``: the final answer (the last assistant message; its last ``<answer>`` block
-  if any, else its text) equals ``task.gold.answer`` after SQuAD-style normalisation,
-  or numerically (relative tolerance 1e-6) when both read as numbers. 1.0 when the task
-  requires no answer.
+- ``answer``: the final answer (the final reply: the last assistant message when it made no
+  tool call, else none; its last ``<answer>`` block if any, else its text) equals
+  ``task.gold.answer`` after SQuAD-style normalisation, or numerically (relative tolerance
+  1e-6) when both read as numbers. 1.0 when the task requires no answer.
 - ``communicate``: share of ``task.gold.communicate`` strings present (normalised, as
-  whole words) in what the model wrote outside its tool calls. 1.0 when there are none.
+  whole words; numbers by value) in the model's replies (its turns that made no tool call);
+  a reply stating more distinct values than twice the strings plus 4 tells nothing. 1.0
+  when there are none.
 - ``extra_calls`` (count): calls made beyond the matched ones (N − M), refused and
   failed ones included; ``failed_calls`` (count): calls that ran and failed (an error in
   ``world.calls``), except those matched to a gold call that fails in the replay too;
   ``penalty`` = min(1, 0.1·extra_calls + 0.1·failed_calls).
+- ``success``: the product of the components ``task.reward_basis`` names (eval mode's
+  verdict; on a pack with a judge in eval mode, the judge's).
 
 ``details`` explain the components. With ``reveal_gold=False`` (the server passes it for a
 caller that may not see gold: a token scoped to some toolsets) they hold no gold value: no
@@ -86,14 +92,14 @@ from tools.envs.world import CallRecord, World
 from tools.verifiers.text import (
     ANSWER_CLOSE,
     ANSWER_OPEN,
-    assistant_texts,
+    content_text,
     extract_answer,
-    final_text,
     normalize_answer,
     normalize_gold,
 )
 from tools.verifiers.tool_use.match import Candidate, match_calls
 from tools.verifiers.tool_use.schema import compile_schema, schema_problem
+from tools.verifiers.tool_use.targets import holds, lookup_targets
 from tools.verifiers.tool_use.values import argument_difference, arguments_agree, same_value, standardize
 
 __all__ = ["COMPONENTS", "DEFAULT_WEIGHTS", "score"]
@@ -114,27 +120,29 @@ COMPONENTS = (
     "extra_calls",
     "failed_calls",
     "penalty",
+    "success",
 )
-NOT_BASIS = frozenset(("extra_calls", "failed_calls", "penalty"))  # counts, and a cost
+NOT_BASIS = frozenset(("extra_calls", "failed_calls", "penalty", "success"))  # counts, a cost, the verdict
 
-# Train weights. Per-call credit carries most of the reward: each solved gold call pays
-# completeness/G, f1 keeps extra calls from paying, calls is the bonus for all of them;
-# the answer and what is said pay less than one right call, so a bare guess (no call, a
-# lucky answer) never earns as much as the right first call, and a repeated call earns
-# nothing (a repeated read stands for no gold call, see _candidates) and costs the penalty.
-# Format and schema pay 0 for no attempt on a task that needs calls, so a failed call with
-# the same reply scores at least the guess. The positive weights sum to 1, so a perfect
-# trajectory scores exactly 1.0 (tests/verifiers/test_tool_use_shortcuts.py checks the ranking).
+# Train weights: half of the reward is the task done (``success``: every component the task is
+# judged on, as eval mode combines them), half is progress. So a trajectory that fails the task
+# earns at most 0.5 (less: it misses some progress component), and a reward above 0.5 means the
+# task was done. Within the progress half, per-call credit carries most: each solved gold call
+# pays completeness/G and f1 keeps extra calls from paying; the answer and what is said pay less
+# than one right call, so a bare guess (no call, a lucky answer) never earns as much as the right
+# first call, and a repeated or junk call earns nothing (it stands for no gold call, see
+# _candidates) and costs the penalty. Format and schema pay 0 for no attempt on a task that needs
+# calls, so a failed call with the same reply scores at least the guess. The positive weights sum
+# to 1, so a perfect trajectory scores exactly 1.0 (tests/verifiers/test_tool_use_shortcuts.py and
+# tests/verifiers/test_reward_hacking.py check the bound and the ranking).
 DEFAULT_WEIGHTS: dict[str, float] = {
+    "success": 0.5,
     "format": 0.05,
-    "schema": 0.05,
-    "completeness": 0.25,
-    "f1": 0.15,
-    "calls": 0.1,
-    "state": 0.1,
-    "state_fraction": 0.05,
-    "answer": 0.15,
-    "communicate": 0.1,
+    "schema": 0.025,
+    "completeness": 0.225,
+    "f1": 0.1,
+    "answer": 0.05,
+    "communicate": 0.05,
     "penalty": -0.2,
 }
 PENALTY_PER_EXTRA = 0.1
@@ -147,9 +155,16 @@ _FACTS_PER_TASK = 4096  # cached (call -> schema problem, agreeing gold calls) e
 # ``.*?``, which retried the closing tag at every character and was the slowest step).
 # A number as written in prose (1,234.50, -3, 7549.5); not the digits of a longer number or an id
 # (A-7001 is not 7001: a letter or hyphen-joined word before it).
+# Not the digits of a date (2026-11-23) or a time (09:30) either: those are values of their own.
 _NUMBER = re.compile(
-    r"(?<![\w.\-])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]\d)|(?<![\w.\-])-?\d+(?:\.\d+)?(?![\w]|\.\d)"
+    r"(?<![\w.\-:/])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.:/\-]\d)"
+    r"|(?<![\w.\-:/])-?\d+(?:\.\d+)?(?![\w]|[.:/\-]\d)"
 )
+# The other values a reply can state: dates and record ids (A-7001, E-3005).
+_DATE_OR_ID = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b[A-Z]{1,4}-\d+\b")
+# A reply that states more distinct values than this (beyond twice what it must tell) tells
+# nothing: listing "0 1 2 ... 200" must not earn a number it happens to contain.
+_SPARE_VALUES = 4
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>[^<]*(?:<(?!/tool_call>)[^<]*)*(?:</tool_call>|\Z)")
 _DETAIL_LIMIT = 20  # list entries kept in details (a runaway trajectory must not bloat them)
 
@@ -174,6 +189,7 @@ class _TaskView:
     gold_world: World | None = None
     gold_fails: list[bool] = field(default_factory=list)  # gold calls that fail in the replay too
     gold_changed: frozenset[tuple[str, str]] | None = None
+    targets: list[tuple[Any, ...]] = field(default_factory=list)  # what each gold lookup must find
     # (tool, canonical arguments) -> how many gold calls are exactly that call (see _candidates)
     gold_copies: Counter[tuple[str, bytes]] = field(default_factory=Counter)
 
@@ -265,6 +281,13 @@ def _gold_world(pack: Pack, task_view: _TaskView) -> World:
         world = pack.replay(task_view.task)  # deterministic: replayed once per task
         # replay runs the gold calls in the order of task_view.golds (stable sort by depth)
         task_view.gold_fails = [record.error is not None for record in world.calls]
+        said = [
+            *([normalize_answer(task_view.answer)] if task_view.answer is not None else []),
+            *task_view.communicate,
+        ]
+        task_view.targets = lookup_targets(
+            task_view.golds, [record.output for record in world.calls], task_view.deps, said
+        )
         task_view.gold_world = world
     return task_view.gold_world
 
@@ -358,12 +381,68 @@ def _number(text: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _prose(texts: Sequence[str]) -> str:
-    """What the model told the user: its turns without the tool-call blocks, answer tags apart
-    from their words (``<answer>Done. 25</answer>`` tells the user 25: normalising the text
-    drops the tags' punctuation, which would glue "answer" to the first and last words)."""
-    text = _TOOL_CALL_BLOCK.sub(" ", " ".join(texts))
+def _replies(request: VerifyRequest, messages: Sequence[Mapping[str, Any]]) -> tuple[list[str], str]:
+    """What the model told the user: its turns that made no tool call (no tool message follows
+    them before the next assistant turn), and the final reply — the last assistant turn when it
+    is one, else "" (a trajectory whose last turn called a tool said nothing after the evidence:
+    an answer given before its calls is a guess). ``request.response``, when set, is the final reply.
+    """
+    replies: list[str] = []
+    last: str | None = None
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            if last is not None:
+                replies.append(last)
+            last = content_text(message.get("content"))
+        elif role == "tool":
+            last = None  # the turn made a call: not a reply
+    if last is not None:
+        replies.append(last)
+    final = last or ""
+    if request.response is not None:
+        final = request.response
+        if not replies or replies[-1] != final:
+            replies.append(final)
+    return replies, final
+
+
+def _prose(text: str) -> str:
+    """A reply's words: without tool-call blocks, answer tags apart from their words
+    (``<answer>Done. 25</answer>`` tells the user 25: normalising the text drops the tags'
+    punctuation, which would glue "answer" to the first and last words)."""
+    text = _TOOL_CALL_BLOCK.sub(" ", text)
     return text.replace(ANSWER_OPEN, " ").replace(ANSWER_CLOSE, " ")
+
+
+def _communicated(raw: Sequence[str], normal: Sequence[str], replies: Sequence[str]) -> list[str]:
+    """The strings of ``raw`` (``normal``: normalised) that no reply tells; see ``score``.
+
+    A number is told when a reply states a number of the same value (normalising would make
+    2.5 read as 25); any other text when its words are said, whole. A reply that states more
+    distinct values (numbers, dates, ids) than twice what there is to tell plus a few tells
+    nothing: a list of every number is not an answer.
+    """
+    allowance = 2 * len(raw) + _SPARE_VALUES
+    said_parts: list[str] = []
+    numbers: list[float] = []
+    for reply in replies:
+        prose = _prose(reply)
+        tokens = _NUMBER.findall(prose)
+        values = {_number(t) for t in tokens} | set(_DATE_OR_ID.findall(prose))
+        if len(values - {None}) > allowance:
+            continue
+        said_parts.append(normalize_answer(prose))
+        numbers += [v for token in tokens if (v := _number(token)) is not None]
+    said = f" {' '.join(said_parts)} "
+
+    def told(text: str, normal: str) -> bool:
+        value = _number(text)
+        if value is None:
+            return f" {normal} " in said
+        return any(math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-9) for v in numbers)
+
+    return [text for text, normal in zip(raw, normal, strict=True) if not told(text, normal)]
 
 
 def _answer_matches(answer: str, gold: str) -> bool:
@@ -437,8 +516,10 @@ def _candidates(
     task_view: _TaskView,
     calls: Sequence[CallRecord],
     facts: Sequence[tuple[str | None, tuple[int, ...]]],
-) -> list[list[Candidate]]:
-    """For each gold call, the successful calls that may stand for it (and whether they solve it).
+) -> tuple[list[list[Candidate]], set[int]]:
+    """For each gold call, the successful calls that may stand for it (and whether they solve
+    it); and the calls that *missed*: they ran, agree with a gold lookup's compared arguments,
+    but their result does not hold what it must find (``targets``) — a failed call.
 
     A read (a tool that does not write) repeated with the same arguments learns nothing new,
     so its repeats beyond the gold's own copies of that exact call stand for no gold call:
@@ -446,7 +527,9 @@ def _candidates(
     lookup it never made (a shortcut a GRPO group learns at once).
     """
     out: list[list[Candidate]] = [[] for _ in task_view.golds]
+    missed: set[int] = set()
     fails = task_view.gold_fails
+    targets = task_view.targets
     seen: Counter[tuple[str, bytes]] = Counter()
     for index, (call, (_, golds)) in enumerate(zip(calls, facts, strict=True)):
         tool = view.tools.get(call.name)
@@ -463,12 +546,15 @@ def _candidates(
         for g in golds:
             if failed != fails[g]:
                 continue  # a failed call stands only for a gold call that fails in the replay too
+            if not failed and not holds(call.output, targets[g]):
+                missed.add(index)  # an empty or wrong result: it found nothing the task needs
+                continue
             expected = task_view.golds[g].output
             solved = (
                 failed or expected is None or call.output == expected or same_value(call.output, expected)
             )
             out[g].append(Candidate(index, solved))
-    return out
+    return out, missed
 
 
 def _why_unmatched(
@@ -478,6 +564,7 @@ def _why_unmatched(
     calls: Sequence[CallRecord],
     blocked: bool,
     reveal_gold: bool,
+    missed: set[int],
 ) -> str:
     gold = task_view.golds[g]
     tool = gold.name if reveal_gold else "its tool"  # which tool the gold uses is gold too
@@ -489,6 +576,9 @@ def _why_unmatched(
         return (
             f"matching calls came before the calls it depends on ({deps}) or were used for another gold call"
         )
+    missing = [i for i in same_name if i in missed]
+    if missing:
+        return f"call {missing[0]}: its result does not hold what the task needs (an empty or wrong lookup)"
     properties = _properties(view.tools.get(gold.name))
     for i in same_name:
         difference = argument_difference(calls[i].arguments, gold.arguments, gold.compare, properties)
@@ -574,7 +664,7 @@ def score(
     if mode not in MODES:
         raise ValueError(f"tool_use mode must be one of {MODES}, got {mode!r}")
     plan = _weights(weights) if mode == "train" else None
-    basis = _basis(task) if mode == "eval" else None
+    basis = _basis(task)
 
     view = _pack_view(pack)
     task_view = _task_view(view, pack, task)
@@ -598,14 +688,15 @@ def score(
     ]
     schema_score = (len(calls) - len(schema_problems)) / n_made if n_made else no_calls
 
-    matching = match_calls(_candidates(view, task_view, calls, facts), task_view.deps)
+    candidates, missed = _candidates(view, task_view, calls, facts)
+    matching = match_calls(candidates, task_view.deps)
     matches: dict[str, int] = {}
     unmatched: list[dict[str, Any]] = []
     not_solved: list[dict[str, Any]] = []
     solved_calls: set[int] = set()
     for g, (c, s) in enumerate(zip(matching.calls, matching.solved, strict=True)):
         if c < 0:
-            why = _why_unmatched(view, task_view, g, calls, matching.blocked[g], reveal_gold)
+            why = _why_unmatched(view, task_view, g, calls, matching.blocked[g], reveal_gold, missed)
             unmatched.append({"gold": golds[g].id, "why": why})
             continue
         matches[golds[g].id] = c
@@ -618,7 +709,7 @@ def score(
             not_solved.append(entry)
     matched, solved = len(matches), len(solved_calls)
     used = set(matches.values())
-    failed = [i for i, c in enumerate(calls) if c.error is not None and i not in used]
+    failed = [i for i, c in enumerate(calls) if (c.error is not None or i in missed) and i not in used]
     extra = n_made - matched
 
     precision = solved / n_made if n_made else no_calls
@@ -630,28 +721,12 @@ def score(
 
     state, state_fraction, state_details = _state_components(pack, task_view, world, reveal_gold)
 
-    text = final_text(request)
-    answer_text, tagged = extract_answer(text)
+    replies, final = _replies(request, messages)
+    answer_text, tagged = extract_answer(_TOOL_CALL_BLOCK.sub(" ", final))
     answer = 1.0 if task_view.answer is None else float(_answer_matches(answer_text, task_view.answer))
-    missing: list[str] = []
-    if task_view.communicate:
-        prose = _prose(assistant_texts(request))
-        said = f" {normalize_answer(prose)} "
-        numbers: list[float] | None = None  # the numbers said, parsed at the first number asked for
-
-        def told(text: str, normal: str) -> bool:
-            """A number is told when a number of the same value is said (normalising would make
-            2.5 read as 25); any other text, when its words are said, whole."""
-            nonlocal numbers
-            value = _number(text)
-            if value is None:
-                return f" {normal} " in said
-            if numbers is None:
-                numbers = [v for token in _NUMBER.findall(prose) if (v := _number(token)) is not None]
-            return any(math.isclose(value, v, rel_tol=1e-9, abs_tol=1e-9) for v in numbers)
-
-        pairs = zip(task.gold.communicate, task_view.communicate, strict=True)
-        missing = [text for text, normal in pairs if not told(text, normal)]
+    missing = (
+        _communicated(task.gold.communicate, task_view.communicate, replies) if task_view.communicate else []
+    )
     communicate = 1.0 - len(missing) / len(task_view.communicate) if task_view.communicate else 1.0
 
     components = {
@@ -671,15 +746,16 @@ def score(
         "failed_calls": float(len(failed)),
         "penalty": min(1.0, PENALTY_PER_EXTRA * extra + PENALTY_PER_FAILED * len(failed)),
     }
+    components["success"] = math.prod(components[name] for name in basis)
     if plan is not None:
         # rounded so that float sums of weights like 0.05 + 0.3 + ... give exactly 1.0 for a perfect run
         total = round(math.fsum(weight * components[name] for name, weight in plan.items()), 12)
         combined = min(1.0, max(0.0, total))
     else:
-        combined = math.prod(components[name] for name in basis or ())
+        combined = components["success"]
     verdict = pack.judge(task, messages, calls, world) if mode == "eval" and pack.judge is not None else None
     if verdict is not None:  # an imported benchmark: its own evaluator's number is the reward
-        combined = verdict.reward
+        combined = components["success"] = verdict.reward
         components["benchmark"] = verdict.reward
         components.update({f"benchmark_{name}": value for name, value in verdict.checks.items()})
 
@@ -690,9 +766,10 @@ def score(
         "unmatched": unmatched[:_DETAIL_LIMIT],
         "not_solved": not_solved[:_DETAIL_LIMIT],
         "extra": [i for i in range(len(calls)) if i not in used][:_DETAIL_LIMIT],
-        "failed": [{"call": i, "name": calls[i].name, "error": calls[i].error} for i in failed][
-            :_DETAIL_LIMIT
-        ],
+        "failed": [
+            {"call": i, "name": calls[i].name, "error": calls[i].error or "found nothing the task needs"}
+            for i in failed
+        ][:_DETAIL_LIMIT],
         "refused": [{"turn": t, "name": n} for t, n in turns.refused][:_DETAIL_LIMIT],
         "parse_errors": turns.parse_errors,
         "schema_problems": schema_problems[:_DETAIL_LIMIT],
