@@ -1,8 +1,8 @@
 """The documented container gets the strong sandbox, and a server without it says so (issue 30, point 14).
 
-No container engine runs here, so the deployment files are read as data (the compose file as
-YAML: ``docker`` here is a client without the compose plugin), and what they grant is
-reproduced on a real ``tool-server serve``: a root process limited by ``setpriv`` to exactly
+tests/deploy/test_image.py runs the image under the compose file in a real engine. Here the
+deployment files are read as data (compose and Kubernetes must grant the same), and what they
+grant is reproduced on a real ``tool-server serve`` without an engine: a root process limited by ``setpriv`` to exactly
 the capabilities the files add (bounding set, no_new_privs) must get the strong sandbox; an
 unprivileged one (the image's own user, as a plain ``docker run`` starts it) gets the weak
 fallback, and then ``serve`` refuses to expose python beyond loopback unless
@@ -13,6 +13,7 @@ reproduced without an engine: they are checked as written.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -88,6 +89,27 @@ def test_compose_grants_what_the_strong_sandbox_takes_and_nothing_more() -> None
             text=True,
         )
         assert checked.returncode == 0, checked.stderr
+
+
+def seconds(duration: str) -> float:
+    """A compose duration such as ``30s`` or ``1m30s``."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", str(duration))
+    assert parts and any(parts.groups()), f"not a duration compose and podman-compose both read: {duration}"
+    return sum(int(n) * units[u] for n, u in zip(parts.groups(), "hms", strict=True) if n)
+
+
+def test_compose_publishes_on_loopback_and_stops_after_the_drain() -> None:
+    """Published on 127.0.0.1 unless TOOLFACTORY_PUBLISH_IP says otherwise; replicas podman-compose
+    starts too (it reads deploy.replicas only with mode: replicated); a stop that waits longer
+    than the server drains (podman-compose stop/down and docker compose pass stop_grace_period)."""
+    service = compose_service()
+    (port,) = service["ports"]
+    assert port == "${TOOLFACTORY_PUBLISH_IP:-127.0.0.1}::8000", port  # a free host port per replica
+    assert service["deploy"]["mode"] == "replicated" and service["deploy"]["replicas"] >= 2
+    config = load_config(REPO / "compose" / "config.yaml", environ={})
+    assert seconds(service["stop_grace_period"]) > config.server.shutdown_grace_s
+    assert service["build"]["args"]["BASE_IMAGE"] == "${BASE_IMAGE:-python:3.11-slim}"
 
 
 def test_kubernetes_grants_the_same_as_compose() -> None:
