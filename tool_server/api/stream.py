@@ -22,8 +22,13 @@ a failure result of that kind: clients retry ``overloaded`` ones, as after a 429
 Limits: a frame over ``limits.max_request_bytes`` closes the connection with 1009 (uvicorn's
 ``ws_max_size``, set to the same, refuses it before reading it whole; the check here holds
 under any server). At most ``limits.max_calls_per_batch`` frames are in flight on one
-connection: at that many the server reads no further frame, so TCP pushes back on the client.
-The connection counts against ``server.max_connections`` (api/connections.py).
+connection: at that many the server reads no further frame, so TCP pushes back on the client;
+the bytes of frames in flight count against ``limits.max_queued_bytes_per_connection`` and the
+token's and server's bounds (api/queued_bytes.py; past one: an ``overloaded`` result per call).
+The connection counts against ``server.max_connections``, one token holds at most
+``server.max_streams_per_tenant`` of them (429 at the handshake), and one with no frame in flight
+may be evicted at the cap (1013; api/connections.py). On shutdown (SIGTERM) the frames in flight
+are answered, new ones get ``overloaded`` per call, then the connection closes with 1012.
 
 A client going away cancels nothing: its calls run to the end and their results are kept
 under their call ids, so the same calls resent on a new connection are answered from the
