@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -90,7 +91,11 @@ def test_the_measured_junk_lookup_shortcut_is_closed() -> None:
 
 # --------------------------------------------------------------------------- through the server
 
-SERVED = {world: PACKS[world] for world in WORLDS} | {"image": PACKS["image"]}
+SERVED = {world: PACKS[world] for world in WORLDS} | {
+    "image": PACKS["image"],
+    "bank-typed": PACKS["bank-typed"],
+}
+PREFIX = {"bank-typed": "t_"}  # served beside the bank world: its tool names behind a prefix
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +108,18 @@ def server() -> Iterator[ServerProcess]:
         for w in WORLDS
     ] + [
         {
+            "source": "tools.envs.procedural:pack",
+            "arguments": {
+                "world": "bank",
+                "seed": 1,
+                "tasks": TASKS,
+                "levels": [1, 2, 3, 4],
+                "parameter_type_generalisation": 1.0,
+            },
+            "toolset": "bank-typed",
+            "prefix": PREFIX["bank-typed"],
+        },
+        {
             "source": "tools.envs.image_env:pack",
             "arguments": {
                 "seed": 0,
@@ -112,15 +129,19 @@ def server() -> Iterator[ServerProcess]:
                 "height": 600,
                 "labels": 3,
             },
-        }
+        },
     ]
     with running_server(server_config(environments=environments)) as srv:
         yield srv
 
 
-def _served_scores(srv: ServerProcess, p: Pack, task: EnvTask, trajectories: list[Trajectory]) -> list[Any]:
+def _served_scores(
+    srv: ServerProcess, p: Pack, task: EnvTask, trajectories: list[Trajectory], prefix: str = ""
+) -> list[Any]:
     """Each trajectory played in its own session bound to ``task`` (all calls in one batch: a
-    session's calls run in order) and scored by ``/v1/verify`` on its world (one batch)."""
+    session's calls run in order) and scored by ``/v1/verify`` on its world (one batch); tool
+    names behind ``prefix`` on the server."""
+    trajectories = [replace(t, calls=[(prefix + n, a) for n, a in t.calls]) for t in trajectories]
     sessions = [uuid.uuid4().hex for _ in trajectories]
     for session in sessions:
         opened = httpx.post(
@@ -175,7 +196,7 @@ def test_the_server_scores_cheats_as_in_process(server: ServerProcess, name: str
         task = next(t for t in p.tasks if t.complexity.level == level)
         trajectories = [*ladder(task), *cheats(task)]
         for trajectory, served in zip(
-            trajectories, _served_scores(server, p, task, trajectories), strict=True
+            trajectories, _served_scores(server, p, task, trajectories, PREFIX.get(name, "")), strict=True
         ):
             local = scored(p, task, trajectory)
             assert served.score == pytest.approx(local.score, abs=1e-9), (task.id, trajectory.family)
