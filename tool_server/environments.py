@@ -1,7 +1,8 @@
 """Environment packs as toolsets: each pack tool a stateful tool, plus the ``tool_use`` verifier.
 
 A pack's tools are served with the pack's own input schemas (checked like an upstream
-tool's, ``upstream.schema_validator``) under the toolset named after the pack. They are
+tool's, ``upstream.schema_validator``, but in the call's turn: a refused call is noted in the
+session's world, ``EnvHost.refuse``) under the toolset named after the pack. They are
 stateful: the executor runs a session's calls one at a time and in order, and each
 call acts on the session's world (``tools.envs.host.EnvHost``), created at its first
 call and dropped with the session. A call without a session is refused.
@@ -90,15 +91,14 @@ def _tool_entry(
         # an image): a worker thread.
         blocking=not pack.trusted or tool.blocking,
     )
-    check = schema_validator(name, tool.input_schema)
     return ToolEntry(
         name=name,
         meta=meta,
         description=tool.description,
         input_schema=tool.input_schema,
         output_schema=tool.output_schema,
-        validate=lambda arguments: dict(check(arguments)),  # a copy: the executor adds the context
-        func=_pack_tool(host, pack, tool.name),
+        validate=dict,  # a copy (the executor adds the context); the schema is checked in the call's turn
+        func=_pack_tool(host, pack, tool.name, name, schema_validator(name, tool.input_schema)),
         is_async=False,
         context_param=_CONTEXT_PARAM,
         toolsets={toolset},
@@ -106,11 +106,22 @@ def _tool_entry(
     )
 
 
-def _pack_tool(host: EnvHost, pack: Pack, name: str) -> Callable[..., Any]:
+def _pack_tool(
+    host: EnvHost, pack: Pack, name: str, served: str, check: Callable[[dict[str, Any]], Any]
+) -> Callable[..., Any]:
     def run(**arguments: Any) -> Any:
         context: ToolContext = arguments.pop(_CONTEXT_PARAM)
         # the simulated user's calls carry a user call id (the model never picks call ids)
         requestor = USER if is_user_call(context.call_id) else AGENT
+        try:
+            check(arguments)
+        except (ValueError, TypeError) as exc:
+            # Checked here, in the session's call order, rather than by the executor on arrival:
+            # the world notes the refused call in its place (a benchmark that checks no schema,
+            # τ², would have run it, and its verdict replays it).
+            message = f"invalid arguments for {served}: {exc}"
+            host.refuse(context.session, pack, name, arguments, message, requestor)
+            return Result.failure(context.call_id, ErrorKind.INVALID_ARGUMENTS, message)
         try:
             return host.call(context.session, pack, name, arguments, requestor)
         except ToolError as exc:

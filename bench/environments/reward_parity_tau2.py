@@ -19,9 +19,10 @@ loaded from the package, its full-DB hashes).
 Printed per domain and per kind: trajectories, how many τ² passes, disagreements of our reward
 with τ²'s (target 0), and for comparison the disagreements of the reward before τ²'s verdict
 was its eval reward (the product of the ``tool_use`` components of the task's reward basis,
-still returned). Then the named difference: calls our server refused by schema (τ² does not
-check schemas) and how often τ²'s verdict would differ had it run them; and how often τ²'s own
-evaluator raised (scored 0, as its ``run_tasks`` scores a failed sample). Figures in
+still returned). Then the named difference: calls our server refused by schema (τ² checks no
+schema and runs them; so does the verdict's replay) and how often τ²'s verdict would differ had
+they never been made; and how often τ²'s own evaluator raised (scored 0, as its ``run_tasks``
+scores a failed sample). Figures in
 bench/README.md and docs/environments.md.
 
     .venv/bin/python bench/environments/reward_parity_tau2.py [--tasks 100] [--per-task 0]
@@ -107,7 +108,7 @@ def main() -> None:
                         counter["disagree"] += not o.agree
                         counter["before"] += before != o.tau2
                         counter["refused"] += o.refused > 0
-                        counter["refused, τ² would differ"] += o.tau2_unfiltered not in (None, o.tau2)
+                        counter["refused, decided it"] += o.tau2_without_refused not in (None, o.tau2)
                         counter["τ² raised"] += o.tau2_crashed
                     if not o.agree:
                         disagreements.append(
@@ -124,7 +125,7 @@ def main() -> None:
         "disagree",
         "before",
         "refused",
-        "refused, τ² would differ",
+        "refused, decided it",
         "τ² raised",
     ]
     print(

@@ -39,7 +39,7 @@ from protocol import (
     VerifyResult,
 )
 from tools.envs.pack import EnvTask, Pack, load_pack
-from tools.envs.world import CallRecord, World, jsonable
+from tools.envs.world import CallRecord, RefusedCall, World, jsonable
 
 __all__ = [
     "AGENT",
@@ -256,6 +256,25 @@ class EnvHost:
             held.world.calls.append(CallRecord(name, dict(arguments), error=message))
             raise ToolError(message, ErrorKind.UNKNOWN_TOOL)
         return _snapshot(pack.call(held.world, name, arguments))
+
+    def refuse(
+        self,
+        session: SessionState | None,
+        pack: Pack,
+        name: str,
+        arguments: dict[str, Any],
+        message: str,
+        requestor: str = AGENT,
+    ) -> None:
+        """Note a call to tool ``name`` that the server refused on its schema (``message``), in
+        its place among the session's calls (``World.refused``): it never ran, but a benchmark
+        that checks no schema (τ²) would have run it, and its verdict replays it."""
+        if session is None:
+            return
+        world = self.world(session, pack).world
+        world.refused.append(
+            RefusedCall(len(world.calls), CallRecord(name, dict(arguments), error=message), requestor)
+        )
 
     def gauges(self) -> dict[str, float]:
         """For /metrics: worlds alive in memory (freed ones drop out) and created since start."""

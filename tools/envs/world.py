@@ -10,7 +10,9 @@ promises not to mutate.
 
 ``World.calls`` is the session's call log: what was called, with which arguments, and
 what came back. The ``tool_use`` verifier scores from it (the server's record of what
-ran, not a re-parse of the model's text).
+ran, not a re-parse of the model's text). ``World.refused`` keeps, apart from it, the calls
+the server refused on the tool's schema before they reached the world: a benchmark that
+checks no schema (τ²) would have run them, and its own verdict replays them.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["CallRecord", "Table", "World", "jsonable"]
+__all__ = ["CallRecord", "RefusedCall", "Table", "World", "jsonable"]
 
 _DELETED = object()  # overlay marker: the record exists in the base but not in this world
 
@@ -36,6 +38,20 @@ class CallRecord:
     arguments: dict[str, Any]
     output: Any = None
     error: str | None = None
+
+
+@dataclass
+class RefusedCall:
+    """A call refused before it reached the world: its arguments broke the tool's schema.
+
+    Nothing ran, so the log (``World.calls``) leaves it out; ``position`` is where it came in
+    the log (how many logged calls were before it), ``requestor`` who made it (τ²'s
+    ``assistant`` or ``user``), ``record.error`` what the caller was told.
+    """
+
+    position: int
+    record: CallRecord
+    requestor: str
 
 
 class Table(MutableMapping[str, Any]):
@@ -115,6 +131,7 @@ class World:
     copier: Callable[[Any], Any] = copy.deepcopy
     record_state: Callable[[Any], Any] | None = None
     calls: list[CallRecord] = field(default_factory=list)
+    refused: list[RefusedCall] = field(default_factory=list)  # refused on the schema, never ran
     _tables: dict[str, Table] = field(default_factory=dict, repr=False)
 
     def __getitem__(self, name: str) -> Table:

@@ -29,14 +29,21 @@ The trajectory in τ²'s terms:
 * messages: the task's message history, each logged call as an assistant tool call with
   its result (``Error: <message>`` when it failed), and each assistant turn's text without
   its ``<tool_call>`` blocks and ``<think>`` blocks (what τ²'s agents send as message
-  content). User messages decide no check and are left out. A call the server refused
-  before it ran (arguments against the tool's schema) is not in the log: τ² never sees it.
+  content). User messages decide no check and are left out.
+* calls the server refused: τ² checks no schema, so a call the server refused on its
+  arguments (``World.refused``: a wrong enum value, type, a missing argument) is one τ² runs:
+  it may succeed and change the DB (``update_task_status(status="zz")`` stores "zz"), and it
+  counts toward ``MAX_ERRORS`` only if τ²'s tool fails. Such a call is judged in its place
+  among the logged ones (``tau2_calls``), and the whole run is then replayed in τ²'s own
+  environment from the task's start, each call answered by its ``get_response`` as τ²'s
+  orchestrator would (``as_tau2_ran``): the results after it may differ from what the
+  session saw, and τ²'s are the ones it judges. The agent itself still got the refusal.
 * dual control (telecom's ``dual`` pack): the simulated customer's calls are user messages
   with the tool call and tool messages for the user (requestor ``user``), as τ²'s user
   simulator sends them; τ²'s replay runs them on the phone. Who made a logged call is read
-  from the log itself (``with_requestors``): the server runs the phone's tools only for the
+  from the log itself (``tau2_calls``): the server runs the phone's tools only for the
   customer and lets the customer call nothing else, so a call it refused by role is one τ²
-  would have run and failed; it is judged with τ²'s own error text.
+  would have run and failed; it is replayed like a call refused on its schema.
 * how it ended: τ² scores only runs that the agent or the user ended. A run whose last
   message is a tool result (cut off), that made ``MAX_ERRORS`` failed or refused calls, or
   that took ``MAX_STEPS`` steps (τ²'s orchestrator: one per message, one per batch of tool
@@ -67,7 +74,7 @@ from tools.envs.host import AGENT, USER, refusal
 from tools.envs.pack import EnvTask, Verdict
 from tools.envs.tau2.domain import Tau2Domain, import_tau2, load_domain
 from tools.envs.tau2.nl import NlJudge, judge_nl
-from tools.envs.world import CallRecord, World
+from tools.envs.world import CallRecord, RefusedCall, World
 from tools.verifiers.text import content_text
 
 __all__ = [
@@ -76,11 +83,13 @@ __all__ = [
     "MAX_STEPS",
     "STOP",
     "Run",
+    "Tau2Call",
+    "as_tau2_ran",
     "evaluate",
     "is_successful",
     "judge",
     "read_run",
-    "with_requestors",
+    "tau2_calls",
 ]
 
 # τ²'s orchestrator limits as its CLI sets them (tau2.config DEFAULT_MAX_STEPS, DEFAULT_MAX_ERRORS)
@@ -105,10 +114,17 @@ class Run:
     texts: list[str] = field(default_factory=list)
     ending: str = "agent_stop"
     why: str = ""
-    # dual control: who made each call (τ²'s requestor), and τ²'s own result of a call the
-    # server refused by role (None: the logged result)
-    requestors: list[str] = field(default_factory=list)
-    refused_results: list[str | None] = field(default_factory=list)
+
+
+@dataclass
+class Tau2Call(CallRecord):
+    """A call as τ² records it: who made it (τ²'s requestor), whether the server refused it
+    (on its schema, or by role) though τ² would have run it, and τ²'s own result text where
+    it is not the logged one (``as_tau2_ran``)."""
+
+    requestor: str = AGENT
+    refused: bool = False
+    shown: str | None = None
 
 
 def judge(
@@ -126,24 +142,30 @@ def judge(
     domain = load_domain(str(task.metadata["tau2_domain"]))
     tau2_task = domain.tasks[str(task.metadata["tau2_id"])]
     solo = bool(task.metadata.get("tau2_solo"))
-    run = read_run(messages, calls, solo=solo)
-    if task.metadata.get("tau2_dual"):
-        run = with_requestors(domain, task, run)
+    records = tau2_calls(domain, task, calls, world.refused)
+    if any(record.refused for record in records):
+        records = as_tau2_ran(domain, tau2_task, records, solo=solo)
+    run = read_run(messages, records, solo=solo)
     return evaluate(domain, tau2_task, run, solo=solo, nl_judge=nl_judge, conversation=messages)
 
 
-def with_requestors(domain: Tau2Domain, task: EnvTask, run: Run) -> Run:
-    """``run`` of a dual-control task with each call's requestor, read from the session's log.
+def tau2_calls(
+    domain: Tau2Domain, task: EnvTask, calls: Sequence[CallRecord], refused: Sequence[RefusedCall] = ()
+) -> list[Tau2Call]:
+    """The session's calls as τ² would have made them: the log, with the calls the server
+    refused on their schema in their places (τ² checks no schema), each with its requestor.
 
-    The server runs the user's tools only for the simulated user and lets the user call
-    nothing else (``tools.envs.host.refusal``), so a logged call to a user tool was the user's,
-    unless the server refused it as the agent's; any other call was the agent's, unless refused
-    as the user's. A call refused by role is one τ² would have run and failed (its requestor's
-    toolkit has no such tool): it is judged with τ²'s own error text.
+    Dual control: the server runs the user's tools only for the simulated user and lets the
+    user call nothing else (``tools.envs.host.refusal``), so a logged call to a user tool was
+    the user's, unless the server refused it as the agent's; any other call was the agent's,
+    unless refused as the user's. A call refused by role is one τ² would have run and failed
+    (its requestor's toolkit has no such tool). Elsewhere every call is the agent's.
     """
-    requestors: list[str] = []
-    refused: list[str | None] = []
-    for record in run.calls:
+    dual = bool(task.metadata.get("tau2_dual"))
+
+    def logged(record: CallRecord) -> Tau2Call:
+        if not dual:
+            return Tau2Call(record.name, record.arguments, record.output, record.error)
         by_role = next(
             (
                 who
@@ -152,23 +174,49 @@ def with_requestors(domain: Tau2Domain, task: EnvTask, run: Run) -> Run:
             ),
             None,
         )
-        if by_role is not None:
-            requestors.append(by_role)
-            refused.append(_tau2_error(domain, record.name, by_role))
-        else:
-            requestors.append(USER if record.name in domain.user_tools else AGENT)
-            refused.append(None)
-    return replace(run, requestors=requestors, refused_results=refused)
+        requestor = by_role or (USER if record.name in domain.user_tools else AGENT)
+        return Tau2Call(
+            record.name, record.arguments, record.output, record.error, requestor, by_role is not None
+        )
+
+    def schema_refused(note: RefusedCall) -> Tau2Call:
+        record = note.record
+        requestor = note.requestor if dual else AGENT
+        return Tau2Call(record.name, record.arguments, error=record.error, requestor=requestor, refused=True)
+
+    # a refused call comes before the logged call at its position (sorted() keeps ties in order)
+    placed = [((note.position, 0), schema_refused(note)) for note in refused]
+    placed += [((index, 1), logged(record)) for index, record in enumerate(calls)]
+    return [call for _, call in sorted(placed, key=lambda pair: pair[0])]
 
 
-def _tau2_error(domain: Tau2Domain, name: str, requestor: str) -> str:
-    """What τ²'s ``get_response`` answers when ``requestor`` calls a tool its side lacks."""
-    env = domain.environment_over(domain.new_world())
-    try:
-        env.make_tool_call(name, requestor=requestor)
-    except Exception as exc:  # noqa: BLE001 - τ²'s message, whatever it raised
-        return f"Error: {exc}"
-    raise ValueError(f"τ² {domain.name}: the {requestor} may call {name!r}; the server refused it")
+def as_tau2_ran(
+    domain: Tau2Domain, tau2_task: Any, calls: Sequence[Tau2Call], *, solo: bool
+) -> list[Tau2Call]:
+    """``calls`` with the results τ²'s orchestrator would have recorded for them: τ²'s own
+    environment, set to the task's initial state as its orchestrator sets it, answers each call
+    in turn (``get_response``: a failure is ``Error: <message>``), the calls the server refused
+    included. In solo mode nothing runs from the ``done`` call on (τ²'s agent stops there)."""
+    message = import_tau2("tau2.data_model.message")
+    env = _constructor(domain, tau2_task)(solo_mode=solo)
+    state = tau2_task.initial_state
+    if state is not None:
+        history = copy.deepcopy(state.message_history) if state.message_history else []
+        env.set_state(state.initialization_data, state.initialization_actions, history)
+    out: list[Tau2Call] = []
+    for index, call in enumerate(calls):
+        if solo and call.name == DONE:
+            return out + list(calls[index:])
+        tool_call = message.ToolCall(
+            id=f"call_{index}",
+            name=call.name,
+            arguments=copy.deepcopy(call.arguments),
+            requestor=call.requestor,
+        )
+        response = env.get_response(tool_call)
+        error = response.content.removeprefix("Error: ") if response.error else None
+        out.append(replace(call, output=response.content, error=error, shown=response.content))
+    return out
 
 
 def read_run(
@@ -176,9 +224,10 @@ def read_run(
 ) -> Run:
     """The run τ² would have judged: which calls, which texts, how it ended (see the module doc).
 
-    Named tool messages line up with the call log in order; one whose tool is not the next
-    logged call's was refused by the server. Without messages, every logged call is judged
-    and the run counts as ended by the agent.
+    Named tool messages line up with ``calls`` in order (the log, with the calls refused on
+    their schema in their places: ``tau2_calls``); one whose tool is not the next call's was
+    refused by the server before any check (an unknown tool), and fails in τ² too. Without
+    messages, every call is judged and the run counts as ended by the agent.
     """
     turns: list[_Turn] = []
     refused_before = steps = 0  # refused calls before the first assistant turn (a caller's odd chat)
@@ -304,8 +353,11 @@ def evaluate(
     if criteria is None:
         return Verdict(1.0, True, {}, "the task has no evaluation criteria (τ² scores 1.0)")
     env_eval = import_tau2("tau2.evaluator.evaluator_env").EnvironmentEvaluator
-    action_eval = import_tau2("tau2.evaluator.evaluator_action").ActionEvaluator
-    communicate_eval = import_tau2("tau2.evaluator.evaluator_communicate").CommunicateEvaluator
+    # τ²'s two evaluators that read only the task and the trajectory
+    on_messages = (
+        import_tau2("tau2.evaluator.evaluator_action").ActionEvaluator,
+        import_tau2("tau2.evaluator.evaluator_communicate").CommunicateEvaluator,
+    )
     types = import_tau2("tau2.data_model.tasks").RewardType
     basis = set(criteria.reward_basis)
     if types.NL_ASSERTION in basis and not nl_judge:  # τ²'s ALL evaluation raises on them
@@ -318,8 +370,10 @@ def evaluate(
             full_trajectory=trajectory,
             solo_mode=solo,
         )
-        action_info = action_eval.calculate_reward(task=tau2_task, full_trajectory=trajectory)
-        communicate_info = communicate_eval.calculate_reward(task=tau2_task, full_trajectory=trajectory)
+        action_info, communicate_info = (
+            evaluator.calculate_reward(task=tau2_task, full_trajectory=trajectory)
+            for evaluator in on_messages
+        )
     except Exception as exc:  # noqa: BLE001 - τ²'s own code fails: τ² scores the sample 0
         # e.g. mock's assert_task_status raises on a task the run never created; set_state
         # raises when a call replays to another result than the session's
@@ -401,7 +455,7 @@ def tau2_messages(tau2_task: Any, run: Run) -> list[Any]:
     state = tau2_task.initial_state
     out: list[Any] = copy.deepcopy(state.message_history) if state and state.message_history else []
     for index, record in enumerate(run.calls):
-        requestor = run.requestors[index] if run.requestors else AGENT
+        requestor = getattr(record, "requestor", AGENT)
         call = message.ToolCall(
             id=f"call_{index}", name=record.name, arguments=dict(record.arguments), requestor=requestor
         )
@@ -409,12 +463,12 @@ def tau2_messages(tau2_task: Any, run: Run) -> list[Any]:
             out.append(message.UserMessage(role="user", tool_calls=[call]))
         else:
             out.append(message.AssistantMessage(role="assistant", tool_calls=[call]))
-        refused = run.refused_results[index] if run.refused_results else None
+        shown = getattr(record, "shown", None)
         out.append(
             message.ToolMessage(
                 id=call.id,
                 role="tool",
-                content=_result_text(record) if refused is None else refused,
+                content=_result_text(record) if shown is None else shown,
                 requestor=requestor,
                 error=record.error is not None,
             )
