@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from tests.support import xdist_groups
 from tests.support.demo import QuickDemo, run_quick_demo
 from tests.support.timeouts import scale_timeout
-from tests.support.xdist_groups import mark_groups
 
 
 @pytest.fixture(scope="session")
@@ -18,8 +19,17 @@ def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> QuickDemo:
     return run_quick_demo(tmp_path_factory.mktemp("quick-demo") / "demo")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    mark_groups(items)  # tests that share an expensive fixture run on one xdist worker
+    xdist_groups.mark_groups(items)  # tests that share an expensive fixture run on one xdist worker
+
+
+if xdist_groups.LoadGroupScheduling is not None:  # a hook pytest only knows with xdist installed
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        if config.getvalue("dist") == "loadgroup":  # other modes: xdist's own
+            return xdist_groups.ModuleOrGroupScheduling(config, log)
+        return None
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

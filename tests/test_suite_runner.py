@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.timeouts import FLOOR, timeout_scale
-from tests.support.xdist_groups import group_of
+from tests.support.xdist_groups import group_of, module_or_group
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -109,5 +109,8 @@ def test_tests_sharing_an_expensive_fixture_share_a_worker() -> None:
         group_of(item("tests/workbench/test_demo_rollout.py::test_c", "open_page", "quick_demo")),
     }
     assert demo == {"quick-demo"}
-    # any other test stays with its module, whose module-scoped server then starts once
-    assert group_of(item("tests/server/test_schema.py::test_d[1]", "server")) == "tests/server/test_schema.py"
+    # any other test is left unmarked (its id stays as it is) and the scheduler keeps it with its
+    # module, whose module-scoped server then starts once
+    assert group_of(item("tests/server/test_schema.py::test_d[1]", "server")) is None
+    assert module_or_group("tests/server/test_schema.py::Case::test_d[a@b]") == "tests/server/test_schema.py"
+    assert module_or_group("tests/engines/test_tau2_dual.py::test_b@vllm-server") == "vllm-server"

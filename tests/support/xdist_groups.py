@@ -3,8 +3,9 @@
 A fixture wider than a module is built once per worker that runs a test needing it, so the tests
 that share an expensive one go to one worker: every test of ``tests/engines`` (one vLLM server,
 ~3.5 GB and 30 s to minutes to start; the modules that start their own servers then never run
-two at once) and every test of the quick demo (SmolLM2 rollouts, ~40 s). Every other test stays
-with its module, so a module-scoped server starts once. An explicit ``xdist_group`` mark wins.
+two at once) and every test of the quick demo (SmolLM2 rollouts, ~40 s) get an ``xdist_group``
+mark. Every other test stays with its module (``ModuleOrGroupScheduling``), so a module-scoped
+server starts once, and its id stays the plain one (xdist appends ``@group`` to a marked test's).
 
 A new session- or package-scoped fixture that costs more than a few seconds belongs in
 ``SHARED_FIXTURES`` (or its folder in ``SHARED_FOLDERS``).
@@ -20,8 +21,8 @@ SHARED_FOLDERS = {"tests/engines/": "vllm-server"}
 SHARED_FIXTURES = {"vllm_server": "vllm-server", "quick_demo": "quick-demo"}
 
 
-def group_of(item: pytest.Item) -> str:
-    """The xdist group of ``item``: a shared fixture's, else its module's."""
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group of ``item`` if it shares an expensive fixture, else None (its module)."""
     path = item.nodeid.split("::", 1)[0]
     for folder, group in SHARED_FOLDERS.items():
         if path.startswith(folder):
@@ -29,11 +30,33 @@ def group_of(item: pytest.Item) -> str:
     for name in getattr(item, "fixturenames", ()):
         if name in SHARED_FIXTURES:
             return SHARED_FIXTURES[name]
-    return path
+    return None
 
 
 def mark_groups(items: list[pytest.Item]) -> None:
-    """Give every item without an ``xdist_group`` mark its group (harmless without xdist)."""
+    """Mark the items that share an expensive fixture with its group (harmless without xdist).
+    Must run before xdist's own collection hook, which reads the marks."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group_of(item)))
+        group = group_of(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def module_or_group(nodeid: str) -> str:
+    """The unit of work of ``nodeid``: its ``@group`` (added by xdist for a marked test), else its module."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):  # as xdist's LoadGroupScheduling: '@' in a param id is not one
+        return nodeid.rsplit("@", 1)[-1]
+    return nodeid.split("::", 1)[0]
+
+
+try:
+    from xdist.scheduler import LoadGroupScheduling
+except ImportError:  # pytest-xdist is in the dev extra; without it the suite runs in one process
+    LoadGroupScheduling = None
+else:
+
+    class ModuleOrGroupScheduling(LoadGroupScheduling):
+        """``--dist loadgroup`` whose unmarked tests go by module (xdist's goes test by test)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return module_or_group(nodeid)
