@@ -30,6 +30,7 @@ store and result cache), ``order`` (per-session order), ``runner``
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import logging
 import time
@@ -415,7 +416,9 @@ def unknown_tool_message(name: str, names: Iterable[str], *, in_session: bool = 
     if in_session:
         return f"no tool named {name!r} is available to you; call only the tools you were given"
     names = sorted(names)
-    close = [n for n in names if n.lower().startswith(name.lower()[:3])][:5] or names[:10]
+    # The closest names by spelling: a shared first three letters picked the first five of the
+    # verifiers ("verify_...") for a typo in one and could leave the meant one out.
+    close = difflib.get_close_matches(name, names, n=5, cutoff=0.6) or names[:10]
     return f"no tool named {name!r}; available tools include: {', '.join(close) or 'none'}"
 
 

@@ -28,6 +28,7 @@ from trainer_client.cli.generators import (
     scripted_backend,
     vllm_backend,
 )
+from trainer_client.cli.preflight import check_model, check_verifier
 from trainer_client.cli.subcommands import CliError, Subcommand, register_subcommand
 from trainer_client.rollout.dataset import TaskRow, load_tasks
 from trainer_client.rollout.runner import interrupt_at_once, run_and_write, tool_chooser
@@ -207,6 +208,8 @@ def run_rollout(args: argparse.Namespace) -> int:
     script = load_script(args.script, rows) if args.script else None
     if script is not None and args.engine != "hf":
         raise CliError("--script replays its own turns: leave out --engine")
+    check_model(args.model)  # typos fail here, in one line, before a model loads or a server starts
+    check_verifier(args.verifier, urls, args.token)
     out = Path(args.out or f"runs/rollout-{time.strftime('%Y%m%d-%H%M%S')}.jsonl").expanduser()
     # Ctrl-C: asyncio.run cancels _rollout (the trajectories end and release their sessions,
     # generation stops before its next layer, the summary of what finished is written), then

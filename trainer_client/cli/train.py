@@ -25,7 +25,7 @@ from typing import Any
 
 from trainer_client.cli.command import Subcommand, register_subcommand
 from trainer_client.cli.flags import add_dataclass_flags, given_values
-from trainer_client.shared import URL_ENV
+from trainer_client.shared import URL_ENV, CliError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -67,6 +67,19 @@ def config_from_args(args: argparse.Namespace) -> Any:
     return GRPOConfig.from_dict(values)
 
 
+def preflight(config: Any) -> None:
+    """Typos and a server that cannot take the weights fail here, before the model loads."""
+    from trainer_client.cli.preflight import check_model, check_verifier, check_weight_sync
+
+    check_model(config.model)
+    if config.engine == "vllm" and config.engine_url:
+        check_weight_sync(config.engine_url)
+    if config.server:
+        check_verifier(config.verifier, config.server)
+        if config.eval_verifier:
+            check_verifier(config.eval_verifier, config.server)
+
+
 def run(args: argparse.Namespace) -> int:
     from trainer_client.gc_tuning import freeze_startup_heap
     from trainer_client.training.grpo import GRPOTrainer
@@ -79,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per HTTP request otherwise
     try:
         config = config_from_args(args)
-    except (ValueError, TypeError) as exc:
+        preflight(config)
+    except (ValueError, TypeError, CliError) as exc:
         print(f"trainer-client train: error: {exc}", file=sys.stderr)
         return 2
     trainer = GRPOTrainer(config)

@@ -213,13 +213,15 @@ def hydra_overrides(agent_loop_yaml: str | Path, *, name: str = AGENT_NAME) -> l
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from trainer_client.parsers.registry import parser_names
+
     parser.add_argument(
         "--server", action="append", required=True, help="tool server URL; repeat for replicas"
     )
     parser.add_argument("--out", default="agent_loop.yaml", help="YAML to write (default agent_loop.yaml)")
     parser.add_argument("--name", default=AGENT_NAME, help=f"agent-loop name (default {AGENT_NAME})")
     parser.add_argument(
-        "--format", default="hermes", help="tool-call format: hermes, search_r1, llama3_json, pythonic"
+        "--format", default="hermes", choices=parser_names(), help="tool-call format (default hermes)"
     )
     parser.add_argument("--toolset", default=None, help="server toolset")
     parser.add_argument("--max-turns", type=int, default=4)
