@@ -38,9 +38,12 @@ import httpx
 
 from trainer_client.cli.command import CliError
 from trainer_client.cli.generators import add_engine_arguments, engine_server, vllm_generator
+from trainer_client.cli.preflight import check_model
+from trainer_client.demo_engine import choose_engine, torch_threads, vllm_installed
+from trainer_client.demo_report import report
 from trainer_client.rollout.dataset import load_tasks
 from trainer_client.rollout.runner import interrupt_at_once, run_and_write, tool_chooser
-from trainer_client.rollout.summary import format_summary, summarize
+from trainer_client.rollout.token_progress import GenerationProgress
 from trainer_client.templates.render import TOOL_SCHEMA_MODES
 
 
@@ -72,6 +75,8 @@ BANK_ARGUMENTS = {
     "parameter_expansion": 0.0,
     "pack_id": BANK_PACK,
 }
+# Worked examples of a search in each search_qa prompt: without them SmolLM2-135M never searches.
+SEARCH_SHOTS = 2
 
 
 # ----------------------------------------------------------------------------- processes
@@ -90,7 +95,7 @@ def build_data(out: Path, log: TextIO) -> None:
     ]
     for key, value in BANK_ARGUMENTS.items():
         environment += ["--env-arg", f"{key}={json.dumps(value)}"]
-    for extra in ([], environment):
+    for extra in (["--search-few-shot", str(SEARCH_SHOTS)], environment):
         cmd = [sys.executable, "-m", "tools.data", "build", "--out", str(out), *extra]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
         log.write(done.stdout)
@@ -219,13 +224,26 @@ async def run_demo(
     if args.engine == "vllm":
         tokenizer, generator = await vllm_generator(args)
     else:
-        _say("loading SmolLM2-135M-Instruct (first run converts the packaged GGUF, ~30 s)")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        _say(
+            f"loading SmolLM2-135M-Instruct on {torch.get_num_threads()} torch thread(s) (first run converts the packaged GGUF, ~30 s)"
+        )
         with interrupt_at_once():  # loading blocks the event loop: Ctrl-C must still stop it
             tokenizer, model = load_model(args.model)
         generator = HFGenerator(
             model, tokenizer, max_batch_size=args.batch_size, default_max_tokens=args.max_tokens
         )
     results = {} if results is None else results
+    tasks = [t for t in TASKS if t.name in args.tasks]
+    progress = GenerationProgress(
+        len(tasks) * args.limit * args.n,
+        args.max_turns * args.max_tokens,
+        lambda: [
+            r for name, result in results.items() if not name.startswith("_") for r in result["records"]
+        ],
+    )
+    generator = progress.wrap(generator)
     async with ToolClient(url) as client:
 
         async def one(task: DemoTask) -> None:
@@ -252,7 +270,7 @@ async def run_demo(
                 out,
                 verifier=task.verifier,
                 concurrency=args.concurrency,
-                progress=not args.no_progress,
+                progress=False,  # one line for all tasks (GenerationProgress), not a bar per task
                 description=task.name,
                 tools_for=tools_for,
                 finished=finished,
@@ -260,31 +278,16 @@ async def run_demo(
             results[task.name] = {"records": records, "wall_s": wall, "out": out}
 
         started = time.perf_counter()
+        ticker = None if args.no_progress else asyncio.create_task(progress.run(_say))
         try:
-            await asyncio.gather(*(one(t) for t in TASKS if t.name in args.tasks))
+            await asyncio.gather(*(one(t) for t in tasks))
         finally:  # also on Ctrl-C (cancelled): the figures of what finished, then generation stops
+            if ticker is not None:
+                ticker.cancel()
             results["_wall_s"] = time.perf_counter() - started
             results["_client"] = client.metrics()
             await generator.aclose()
     return results
-
-
-def report(results: dict[str, Any], *, interrupted: bool = False) -> dict[str, Any]:
-    """Print one summary per task and an overall one; returns the overall summary."""
-    everything: list[dict[str, Any]] = []
-    for name, result in results.items():
-        if name.startswith("_"):
-            continue
-        everything += result["records"]
-        summary = summarize(result["records"], wall_s=result["wall_s"])
-        print(format_summary(summary, title=f"\n== {name}  ({result['out']})"))
-    overall = summarize(everything, wall_s=results.get("_wall_s"), client_metrics=results.get("_client"))
-    title = "\n== all tasks" + (": interrupted, only the trajectories that finished" if interrupted else "")
-    print(format_summary(overall, title=title))
-    first = next((r["out"] for n, r in results.items() if not n.startswith("_")), None)
-    if first is not None:
-        print(f"\ninspect a trajectory:  trainer-client show {first} --index 0")
-    return overall
 
 
 # ----------------------------------------------------------------------------- main
@@ -292,6 +295,13 @@ def report(results: dict[str, Any], *, interrupted: bool = False) -> dict[str, A
 
 def _say(message: str) -> None:
     print(f"[demo] {message}", file=sys.stderr, flush=True)
+
+
+def _load_average() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,7 +325,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out-dir", default="runs/demo", help="where data, logs and trajectories go")
     parser.add_argument("--model", default="smollm2", help="model name or local HF dir (default smollm2)")
-    add_engine_arguments(parser)
+    add_engine_arguments(parser, auto=True)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for --engine hf (default: 1 on a machine with 2 cores or fewer or a busy one, "
+        "where a second thread slows generation down; else torch's default)",
+    )
     parser.add_argument(
         "--server-config",
         default=None,
@@ -366,6 +383,18 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"unknown task(s) {sorted(unknown)}" if unknown else "--limit and --n must be at least 1"
         print(f"demo: error: {problem}; tasks: {', '.join(t.name for t in TASKS)}", file=sys.stderr)
         return 2
+    try:
+        check_model(args.model)  # a typo fails here, before the data is built or a server starts
+    except CliError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return 2
+    choice = choose_engine(args.engine, args.engine_url, installed=vllm_installed())
+    args.engine = choice.engine
+    if args.threads is None:
+        args.threads = torch_threads(os.cpu_count(), _load_average())
+    if args.threads == 1 and "torch" not in sys.modules:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its thread pool
+    _say(choice.why)
     out_dir = Path(args.out_dir).expanduser()
     data_dir = out_dir / "data"
     # Ctrl-C keeps Python's handler, so that asyncio.run's own takes over during the rollouts:
@@ -384,8 +413,17 @@ def main(argv: list[str] | None = None) -> int:
             server_log.unlink()
         _say(f"starting tool-server (log: {server_log})")
         config = args.server_config or str(server_config(out_dir))
-        with tool_server(server_log, config=config) as url, engine_server(args):
+        with tool_server(server_log, config=config) as url, contextlib.ExitStack() as engine:
             _say(f"tool server ready at {url}")
+            try:
+                engine.enter_context(engine_server(args))
+            except CliError as exc:
+                if not choice.automatic:
+                    raise
+                _say(
+                    f"vLLM did not start ({str(exc).splitlines()[0]}); generating with HF transformers instead"
+                )
+                args.engine = "hf"
             asyncio.run(run_demo(args, url, data_dir, out_dir, results))
             _say("stopping the tool server")
         overall = report(results)

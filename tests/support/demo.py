@@ -20,7 +20,7 @@ class QuickDemo:
 
 def run_quick_demo(out_dir: Path) -> QuickDemo:
     done = subprocess.run(
-        [sys.executable, "-m", "trainer_client.demo", "--quick", "--out-dir", str(out_dir), "--no-progress"],
+        [sys.executable, "-m", "trainer_client.demo", "--quick", "--engine", "hf", "--out-dir", str(out_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,

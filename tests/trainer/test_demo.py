@@ -52,17 +52,34 @@ def test_quick_demo_end_to_end(quick_demo: QuickDemo) -> None:
     assert_stopped(server_url(out_dir))
 
 
-def test_server_is_stopped_when_the_demo_fails(tmp_path: Path) -> None:
+def test_a_model_typo_fails_in_one_line_before_any_work(tmp_path: Path) -> None:
     out_dir = tmp_path / "demo"
     done = subprocess.run(
-        demo("--quick", "--out-dir", str(out_dir), "--model", str(tmp_path / "no-such-model")),
+        demo("--quick", "--out-dir", str(out_dir), "--model", "smolm2"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "demo: error: unknown model 'smolm2' (did you mean 'smollm2'?); choose from: smollm2, "
+        "or a local Hugging Face model directory (no model hub is reachable)"
+    ]
+    assert not (out_dir / "server.log").exists() and not (out_dir / "data").exists()
+
+
+def test_server_is_stopped_when_the_demo_fails(tmp_path: Path) -> None:
+    out_dir = tmp_path / "demo"
+    done = subprocess.run(  # no vLLM answers on port 9: the demo fails after its server started
+        demo("--quick", "--out-dir", str(out_dir), "--engine", "vllm", "--engine-url", "http://127.0.0.1:9"),
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
-    assert done.returncode == 1
-    assert "demo: error: model" in done.stderr and "not found" in done.stderr
+    assert done.returncode == 1, done.stderr
+    assert "demo: error:" in done.stderr
     assert_stopped(server_url(out_dir))
 
 

@@ -99,6 +99,14 @@ def _parser() -> argparse.ArgumentParser:
         default=0.2,
         help="search_qa: fraction of questions in the test split (default 0.2)",
     )
+    build.add_argument(
+        "--search-few-shot",
+        type=int,
+        default=0,
+        metavar="K",
+        help=f"search_qa: worked examples (search, information, answer) in each prompt, "
+        f"0-{len(search_qa.SEARCH_WORKED_EXAMPLES)} (default 0; the demo uses 2: a 135M model searches only after seeing it done)",
+    )
     return parser
 
 
@@ -121,7 +129,9 @@ def build(args: argparse.Namespace) -> int:
             if task.startswith(ENV_PREFIX):
                 folder, rows = _env_rows(task[len(ENV_PREFIX) :], args, out)
             elif task == "search_qa":
-                rows = search_qa.build_rows(seed=args.seed, test_fraction=args.search_test_fraction)
+                rows = search_qa.build_rows(
+                    seed=args.seed, test_fraction=args.search_test_fraction, few_shot=args.search_few_shot
+                )
             else:
                 rows = arithmetic.build_rows(
                     n_train=args.arith_train,

@@ -124,18 +124,62 @@ def collect_questions() -> list[dict[str, Any]]:
     return items
 
 
-def build_prompt(question: str, system_prompt: str = SEARCH_SYSTEM_PROMPT) -> list[dict[str, str]]:
-    """The chat prompt of one task: instructions as the system turn, the question as the user turn."""
+# Worked examples for small models (``few_shot``): SmolLM2-135M never writes a <search> tag from
+# the instructions alone (0 calls in the demo's 12 search trajectories); shown the exchange it
+# copies the form. (question, query, corpus page the information block quotes, answer); none of
+# the questions is a FanOutQA one, and each answer is in its page's first sentences.
+SEARCH_WORKED_EXAMPLES: tuple[tuple[str, str, str, str], ...] = (
+    ("Who wrote the novel Pride and Prejudice?", "Pride and Prejudice", "Pride and Prejudice", "Jane Austen"),
+    ("In which mountain range is Mount Everest?", "Mount Everest", "Mount Everest", "Himalayas"),
+    ("Which planet from the Sun is Jupiter?", "Jupiter planet", "Jupiter", "fifth"),
+)
+_EXAMPLE_WORDS = 45  # of the page's extract, as a search result quotes it
+
+
+def few_shot_messages(k: int, corpus: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """``k`` worked examples as chat turns: the question, then one assistant turn that searches,
+    reads the ``<information>`` block (as the rollout splices it into the same turn) and answers."""
+    if not 0 <= k <= len(SEARCH_WORKED_EXAMPLES):
+        raise ValueError(
+            f"search few-shot count must be between 0 and {len(SEARCH_WORKED_EXAMPLES)}, got {k}"
+        )
+    if k == 0:
+        return []
+    corpus = load_corpus_titles() if corpus is None else corpus
+    messages: list[dict[str, str]] = []
+    for question, query, title, answer in SEARCH_WORKED_EXAMPLES[:k]:
+        extract = " ".join(corpus.get(title, "").split()[:_EXAMPLE_WORDS])
+        messages.append({"role": "user", "content": f"Question: {question}"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"<think> I need to look this up. </think>\n<search> {query} </search>\n\n"
+                f"<information>Doc 1 (Title: {title}) {extract}</information>\n\n<answer> {answer} </answer>",
+            }
+        )
+    return messages
+
+
+def build_prompt(
+    question: str, system_prompt: str = SEARCH_SYSTEM_PROMPT, examples: list[dict[str, str]] | None = None
+) -> list[dict[str, str]]:
+    """The chat prompt of one task: instructions as the system turn, worked examples (if any), the
+    question as the user turn."""
     return [
         {"role": "system", "content": system_prompt},
+        *(examples or []),
         {"role": "user", "content": f"Question: {question}"},
     ]
 
 
-def build_rows(seed: int = 0, test_fraction: float = 0.2) -> dict[str, list[dict[str, Any]]]:
-    """``{"train": rows, "test": rows}``: a seeded shuffle, then the first part is the test split."""
+def build_rows(
+    seed: int = 0, test_fraction: float = 0.2, few_shot: int = 0
+) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": rows, "test": rows}``: a seeded shuffle, then the first part is the test split.
+    ``few_shot`` worked examples (``few_shot_messages``) go before each question."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must be between 0 and 1, got {test_fraction}")
+    examples = few_shot_messages(few_shot)
     items = collect_questions()
     random.Random(seed).shuffle(items)
     n_test = max(1, round(len(items) * test_fraction))
@@ -145,7 +189,7 @@ def build_rows(seed: int = 0, test_fraction: float = 0.2) -> dict[str, list[dict
         rows[split] = [
             {
                 "data_source": DATA_SOURCE,
-                "prompt": build_prompt(item["question"]),
+                "prompt": build_prompt(item["question"], examples=examples),
                 "ability": ABILITY,
                 "reward_model": {"style": "rule", "ground_truth": {"target": item["targets"]}},
                 "extra_info": {
@@ -158,6 +202,7 @@ def build_rows(seed: int = 0, test_fraction: float = 0.2) -> dict[str, list[dict
                     "evidence_title": item["evidence_title"],
                     "answer_type": item["answer_type"],
                     "answer_in_corpus": item["answer_in_corpus"],
+                    "few_shot": few_shot,
                 },
             }
             for index, item in enumerate(chosen)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,10 @@ __all__ = [
 PYTHON_ENV = "TOOLFACTORY_VLLM_PYTHON"
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = REPO / ".venv-vllm"
+WAITING_EVERY_S = 15.0
+# What vLLM's process prints as it exits (~50 lines on Ctrl-C: xgrammar's nanobind objects freed
+# after the interpreter): kept in the log, not echoed; it says nothing about the run.
+_EXIT_NOISE = ("nanobind: leaked", " - leaked ", "nanobind: this is likely caused")
 # The log lines a failed start is explained by are near the end; keep that much.
 _LOG_LINES = 400
 
@@ -192,12 +196,17 @@ class LocalVLLMServer:
 
 @contextlib.contextmanager
 def local_vllm_server(
-    settings: VLLMServerSettings, *, startup_timeout_s: float = 600.0, echo: bool = False
+    settings: VLLMServerSettings,
+    *,
+    startup_timeout_s: float = 600.0,
+    echo: bool = False,
+    waiting: Callable[[float], None] | None = None,
 ) -> Iterator[LocalVLLMServer]:
     """Start vLLM, wait until it answers ``/v1/models``, yield it, and stop it on the way out.
 
     RuntimeError with the end of vLLM's output when it exits or is not ready in time.
-    ``echo`` copies its output to stderr as it comes.
+    ``echo`` copies its output to stderr as it comes; ``waiting(seconds)`` is called every
+    ``WAITING_EVERY_S`` of the start (a start takes minutes on a busy machine: say so).
     """
     port = settings.port or free_port(settings.host)
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
@@ -219,22 +228,26 @@ def local_vllm_server(
         for line in proc.stdout:
             server.log.append(line)
             del server.log[:-_LOG_LINES]
-            if echo:
+            if echo and not line.startswith(_EXIT_NOISE):
                 sys.stderr.write(line)
 
     threading.Thread(target=pump, name="vllm-server-log", daemon=True).start()
     started = time.monotonic()
     try:
-        _wait_ready(server, startup_timeout_s)
+        _wait_ready(server, startup_timeout_s, waiting)
         server.started_s = time.monotonic() - started
         yield server
     finally:
         server.stop()
 
 
-def _wait_ready(server: LocalVLLMServer, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_ready(server: LocalVLLMServer, timeout_s: float, waiting: Callable[[float], None] | None) -> None:
+    started = time.monotonic()
+    deadline, next_word = started + timeout_s, started + WAITING_EVERY_S
     while time.monotonic() < deadline:
+        if waiting is not None and time.monotonic() >= next_word:
+            waiting(time.monotonic() - started)
+            next_word += WAITING_EVERY_S
         if server.proc.poll() is not None:
             raise RuntimeError(
                 f"the vLLM server exited with code {server.proc.returncode} before it was ready:\n"

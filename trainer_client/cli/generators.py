@@ -34,14 +34,22 @@ __all__ = [
 ENGINES = ("hf", "vllm")
 
 
-def add_engine_arguments(group: Any) -> None:
-    """``--engine`` and ``--engine-url``: the same two flags on ``rollout`` and the demo."""
+def add_engine_arguments(group: Any, *, auto: bool = False) -> None:
+    """``--engine`` and ``--engine-url``: the same two flags on ``rollout`` and the demo (whose
+    default, ``auto``, is vLLM when .venv-vllm is installed: ``trainer_client.demo_engine``)."""
     group.add_argument(
         "--engine",
-        choices=ENGINES,
-        default="hf",
-        help="what generates: 'hf' (transformers in this process, default) or 'vllm' (a vLLM OpenAI server, "
-        "token ids in and out; without --engine-url one is started from .venv-vllm for --model: `make vllm`)",
+        choices=(*ENGINES, "auto") if auto else ENGINES,
+        default="auto" if auto else "hf",
+        help=(
+            "'auto' (default): vLLM when .venv-vllm is installed or --engine-url is given, else 'hf'; "
+            if auto
+            else ""
+        )
+        + "'hf': transformers in this process"
+        + ("" if auto else " (default)")
+        + "; 'vllm': a vLLM OpenAI server, token ids in and out; without --engine-url one is started from "
+        ".venv-vllm for --model (`make vllm`)",
     )
     group.add_argument(
         "--engine-url",
@@ -73,7 +81,12 @@ def engine_server(args: argparse.Namespace) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         try:  # only the start-up's failures are ours to explain; the block's own pass through
             server = stack.enter_context(
-                local_vllm_server(VLLMServerSettings(model_dir, served_model_name=name))
+                local_vllm_server(
+                    VLLMServerSettings(model_dir, served_model_name=name),
+                    waiting=lambda s: print(
+                        f"  vLLM still starting ({s:.0f} s)", file=sys.stderr, flush=True
+                    ),
+                )
             )
         except (FileNotFoundError, RuntimeError) as exc:
             raise CliError(str(exc)) from None
