@@ -163,12 +163,12 @@ def create_app(
             stack.callback(metrics.gc_pauses.unwatch)
             trimmer = IdleTrimmer(
                 config.server.memory_trim_idle_s,
-                lambda: (executor.admitted, executor.results_stored),
+                lambda: (executor.admitted, executor.results_stored, *executor.store_sizes().values()),
                 malloc_trim_function(),
             )
             stack.callback(asyncio.create_task(trimmer.run()).cancel)
             api.ready = True
-            log.info("tool server ready: %d tools", len(registry.entries))
+            log.info("tool server started: %d tools", len(registry.entries))  # ready once it listens: cli
             try:
                 yield
             finally:

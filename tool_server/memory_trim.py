@@ -3,8 +3,8 @@
 After a burst (a soak, large frames, a full idempotency store that then expires), Python frees
 its objects but glibc keeps the freed pages of its heap and arenas for reuse: the process stayed
 at its peak RSS (118 -> 329 MB, still 329 MB idle). ``malloc_trim(0)`` hands the free pages back.
-It walks the heap, so it runs in a worker thread and only when the server is idle and has grown
-since the last trim; on a libc without it (musl, macOS) nothing is done.
+It walks the heap, so it runs in a worker thread, and only once the server is idle after something
+happened; on a libc without it (musl, macOS) nothing is done.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def rss_bytes() -> int:
 
 
 class IdleTrimmer:
-    """Trims after ``idle_s`` with no activity (``activity()`` unchanged, nothing admitted)."""
+    """Trims once the server has been idle for ``idle_s`` (``activity()`` unchanged over it),
+    if anything happened since the last trim (``activity()`` changed: calls, expired results
+    swept) or the process grew since (what ``activity()`` does not see: connections, frames)."""
 
     def __init__(
         self,
@@ -61,15 +63,19 @@ class IdleTrimmer:
         self.rss = rss
         self.trims = 0
         self._seen: Hashable = None
+        self._at_trim: Hashable = None
         self._after_trim = rss()
 
     def due(self) -> bool:
-        """Whether to trim now: no activity since the last look, and grown since the last trim."""
+        """Whether to trim now: idle since the last look, and changed or grown since the last trim."""
         seen, self._seen = self._seen, self.activity()
-        return self.trim is not None and seen == self._seen and self.rss() > self._after_trim + GROWTH_BYTES
+        if self.trim is None or seen != self._seen:
+            return False
+        return seen != self._at_trim or self.rss() > self._after_trim + GROWTH_BYTES
 
     def trimmed(self) -> None:
         self.trims += 1
+        self._at_trim = self._seen
         self._after_trim = self.rss()
 
     async def run(self) -> None:
