@@ -113,13 +113,15 @@ class GuardedWebSocketProtocol(WebSocketsSansIOProtocol):
     offering its frames by call (``FrameLink``, under ``FRAMES_EXTENSION`` in the scope).
 
     ``GuardedProtocol.handle_websocket_upgrade`` stops counting the HTTP connection and hands
-    its transport to this one, which counts it again: the count of open fds stays whole. Not
-    evictable (module docstring). Use ``guarded_websocket_protocol(guard)``.
+    its transport to this one, which counts it again: the count of open fds stays whole. It is
+    one of its token's streams (``admit``), evictable while no frame is in flight (``set_busy``,
+    api/connections.py), and drained on shutdown (``shutdown``). Use
+    ``guarded_websocket_protocol(guard)``.
 
     Frames by call: uvicorn hands each message to the app as a dict through a queue, wakes the
     app's task for it and pauses and resumes reading around it, and websockets parses a frame
     through generators and Frame objects; for a stream of small calls that was most of a
-    frame's cost beside the call itself (bench/stream_cost.py). Once a receiver is attached,
+    frame's cost beside the call itself (bench/server/stream_cost.py). Once a receiver is attached,
     the frames a client sends one message at a time (FIN set, text or binary, masked, reserved
     bits clear, within the size limit), and pings and pongs, are read here; at anything else
     (a fragment, a close, a protocol error, an oversized frame) the bytes from that frame on go
