@@ -8,7 +8,7 @@ real tool server, with:
 
 * ``hf1`` / ``hf2``: the HF backend in this process (float32, as the demo loads it) with
   torch limited to 1 / 2 threads;
-* ``vllm``: a vLLM server from .venv-vllm (bfloat16, eager unless ``--compile``; its start is
+* ``vllm``: a vLLM server from .venv-vllm (bfloat16 where the CPU has it natively, else float32: ``cpu_dtype``; eager unless ``--compile``; its start is
   not counted, one request warms it up), reached over HTTP with token ids in and out.
 
 Per engine: wall time of the rollout, model tokens/s (tokens with mask 1 over the wall),
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from trainer_client.backends.models import resolve_model_path  # noqa: E402
 from trainer_client.backends.vllm import VLLMGenerator  # noqa: E402
-from trainer_client.backends.vllm_server import VLLMServerSettings, local_vllm_server  # noqa: E402
+from trainer_client.backends.vllm_server import VLLMServerSettings, cpu_dtype, local_vllm_server  # noqa: E402
 from trainer_client.demo import TASKS, build_data, build_parser, run_demo, server_config, tool_server  # noqa: E402
 
 ENGINES = ("hf1", "hf2", "vllm")
@@ -81,7 +81,9 @@ async def warm_up(url: str) -> None:
 def run_engine(engine: str, args: argparse.Namespace, url: str, data: Path, out: Path) -> dict[str, float]:
     demo = demo_args(args.limit, args.n, engine, None)
     if engine == "vllm":
-        settings = VLLMServerSettings(resolve_model_path("smollm2"), enforce_eager=not args.compile)
+        settings = VLLMServerSettings(
+            resolve_model_path("smollm2"), enforce_eager=not args.compile, dtype=cpu_dtype()
+        )
         with local_vllm_server(settings, startup_timeout_s=3600) as server:
             print(f"[{engine}] vLLM ready after {server.started_s:.0f} s", file=sys.stderr, flush=True)
             asyncio.run(warm_up(server.url))
@@ -101,6 +103,11 @@ def main() -> int:
         help=f"comma-separated, run in this order, of {', '.join(ENGINES)}",
     )
     parser.add_argument("--compile", action="store_true", help="vLLM with torch.compile (minutes to start)")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the vllm/hf1 ratio to bench/results/engines.json (the README's current figures: bench/figures.py)",
+    )
     args = parser.parse_args()
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     unknown = set(engines) - set(ENGINES)
@@ -139,7 +146,34 @@ def main() -> int:
             f"{r['trajectories_per_min']:.1f} | {ratio} | {100 * r['tool_share']:.1f} % | "
             f"{r['load_start']:.1f}-{r['load']:.1f} |"
         )
+    if args.record and base and "vllm" in rows:
+        _record(args, rows)
     return 0
+
+
+def _record(args: argparse.Namespace, rows: dict[str, dict[str, float]]) -> None:
+    from bench.results import record
+
+    vllm, hf = rows["vllm"], rows["hf1"]
+    loads = [r[k] for r in rows.values() for k in ("load_start", "load")]
+    path = record(
+        "engines",
+        "engines/demo_rollouts.py",
+        f"engines/demo_rollouts.py --limit {args.limit} --n {args.n}{' --compile' if args.compile else ''} --record",
+        [
+            {
+                "what": "vLLM vs HF generation on the demo tasks",
+                "figure": f"{vllm['tokens_per_s']:.1f} vs {hf['tokens_per_s']:.1f} model tokens/s",
+                "ratio": f"{vllm['tokens_per_s'] / hf['tokens_per_s']:.1f}×",
+                "conditions": f"vLLM {cpu_dtype()} {'compiled' if args.compile else 'eager'} with prefix caching "
+                "vs HF float32 on 1 torch thread",
+                "section": "Generation engines",
+            }
+        ],
+        load=f"{min(loads):.1f}–{max(loads):.1f}",
+        order=6,
+    )
+    print(f"recorded {path}; run bench/figures.py to update bench/README.md", file=sys.stderr)
 
 
 if __name__ == "__main__":
