@@ -37,6 +37,7 @@ __all__ = [
     "PYTHON_ENV",
     "LocalVLLMServer",
     "VLLMServerSettings",
+    "cpu_dtype",
     "local_vllm_server",
     "server_command",
     "server_env",
@@ -64,6 +65,16 @@ def vllm_python(python: str | os.PathLike[str] | None = None) -> Path:
             f"or set ${PYTHON_ENV} to a python that has vLLM installed"
         )
     return path
+
+
+def cpu_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """``bfloat16`` where the CPU computes it natively (AVX-512 BF16, AMX), else ``float32``: on an
+    AVX2-only CPU vLLM's bf16 ran 8-10 tokens/s against 28-39 in float32 (16 requests, same load)."""
+    try:
+        flags = cpuinfo.read_text()
+    except OSError:
+        return "bfloat16"
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
 @dataclass

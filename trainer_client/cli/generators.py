@@ -68,21 +68,23 @@ def engine_server(args: argparse.Namespace) -> Iterator[None]:
         yield
         return
     from trainer_client.backends.models import DEFAULT_MODEL, SMOLLM2_DIRNAME, resolve_model_path
-    from trainer_client.backends.vllm_server import VLLMServerSettings, local_vllm_server
+    from trainer_client.backends.vllm_server import VLLMServerSettings, cpu_dtype, local_vllm_server
 
     try:
         model_dir = resolve_model_path(args.model)
     except FileNotFoundError as exc:
         raise CliError(str(exc)) from None
     name = DEFAULT_MODEL if model_dir.name == SMOLLM2_DIRNAME else model_dir.name
+    dtype = cpu_dtype()
     print(
-        f"starting a vLLM server for {model_dir} (about a minute; longer on a busy machine)", file=sys.stderr
+        f"starting a vLLM server for {model_dir} in {dtype} (about a minute; longer on a busy machine)",
+        file=sys.stderr,
     )
     with contextlib.ExitStack() as stack:
         try:  # only the start-up's failures are ours to explain; the block's own pass through
             server = stack.enter_context(
                 local_vllm_server(
-                    VLLMServerSettings(model_dir, served_model_name=name),
+                    VLLMServerSettings(model_dir, served_model_name=name, dtype=dtype),
                     waiting=lambda s: print(
                         f"  vLLM still starting ({s:.0f} s)", file=sys.stderr, flush=True
                     ),
