@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -121,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"tool-server: {line}", file=sys.stderr)  # their tools are missing from the list
             return 0
         print(f"config OK: {len(registry.entries)} tools, toolsets: {', '.join(sorted(registry.toolsets))}")
+        if not registry.entries and not upstreams:
+            print(SERVES_NOTHING, file=sys.stderr)
         if upstreams and not args.probe:
             print(_left_out(upstreams))
         for ok, line in report:
@@ -129,6 +132,14 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"tool-server: configuration error: {exc}", file=sys.stderr)
         return 2
+
+
+# A config of one's own replaces the built-in one: without `extends: builtin` (or tools of its
+# own) it is valid and serves nothing, which a newcomer found only as an empty /ui.
+SERVES_NOTHING = (
+    "warning: this config serves nothing (no tools, verifiers, environments or upstream servers): "
+    "a config file replaces the built-in one; add `extends: builtin` to keep the built-in tools"
+)
 
 
 def _check_as_serve(config: Config, registry: Registry) -> None:
@@ -236,6 +247,12 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
             file=sys.stderr,
         )
         return 2
+    from tool_server.listen import AnnouncingServer, port_in_use
+
+    taken = port_in_use(addresses, port)  # before the start-up, which takes seconds and says ready
+    if taken:
+        print(f"tool-server: {taken}", file=sys.stderr)
+        return 3
     log_level = (args.log_level or config.server.log_level).lower()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
@@ -256,7 +273,7 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
 
     protocol = guarded_protocol(limits_from_config(config.server, config.limits.retry_after_s))
     app.state.connection_guard = protocol.guard  # its counts go to /metrics
-    uvicorn.run(
+    uv_config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -279,7 +296,10 @@ def _serve(config, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-
         ws_ping_timeout=WS_PING_TIMEOUT_S,
         ws_per_message_deflate=False,
     )
-    return 0
+    server = AnnouncingServer(uv_config, tools=lambda: len(app.state.registry.entries))
+    with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run: Ctrl-C is a stop, not an error
+        server.run()
+    return 0 if server.started else 3  # 3: uvicorn's start-up failure (a bind that failed all the same)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ JSON error ``{"error": {"kind", "message"}}`` that says what to fix.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -420,6 +421,9 @@ class HttpApi:
         body: dict[str, Any] = {"status": "ready" if healthy else "not ready"}
         if sees_server_wide(request.scope):
             body |= {
+                # which process answered: a readiness loop tells its own server from another one
+                # already on the port (README: `grep "\"pid\":$!"`)
+                "pid": os.getpid(),
                 "tools": len(self.registry.entries),
                 "in_flight": self.executor.admitted,
                 "sandbox": self.sandbox,
