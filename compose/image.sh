@@ -9,7 +9,7 @@
 # The base: $BASE_IMAGE if set; else python:3.11-slim when it is here already or its registry
 # answers; else a Debian bookworm root bootstrapped from Debian's archive with mmdebstrap
 # (python3 and a venv on PATH, as python:3.11-slim has pip on PATH), cached as a tarball under
-# $TOOLFACTORY_IMAGE_CACHE (default ~/.cache/toolfactory) and imported once.
+# $TOOLFACTORY_IMAGE_CACHE (default ~/.cache/toolfactory/images) and imported once.
 #
 # Podman host quirks (written once, only where this host has them, so plain `podman run` works):
 # crun cannot raise rlimits without CAP_SYS_RESOURCE, and refuses a hybrid cgroup v1/v2 host.
@@ -21,7 +21,7 @@ set -euo pipefail
 IMAGE=${IMAGE:-toolfactory/tool-server:latest}
 DEFAULT_BASE=python:3.11-slim
 DEBIAN_BASE=localhost/toolfactory/debian-python:3.11-bookworm
-CACHE=${TOOLFACTORY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toolfactory}
+CACHE=${TOOLFACTORY_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/toolfactory/images}
 HOST_CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
 ROOT=$(cd -P "$(dirname "$0")/.." && pwd)  # -P: the checkout itself, also through a symlinked compose/
 
@@ -120,8 +120,17 @@ base() {
     fi
 }
 
+# One build at a time on this machine (test workers, the docs runner): the others then reuse its
+# base and layers instead of bootstrapping or pruning beside it.
+one_at_a_time() {
+    mkdir -p "$CACHE"
+    exec 9>"$CACHE/build.lock"
+    flock 9
+}
+
 build() {
     eng=$(engine)
+    one_at_a_time
     [ "$eng" = podman ] && podman_host_config
     from=$(base "$eng")
     say "building $IMAGE with $eng from $from"
@@ -136,12 +145,16 @@ build() {
         fi
     fi
     nice -n 10 "$eng" build "$@" "$ROOT" >&2
+    # Images of earlier builds that later ones replaced (untagged, unused, over an hour old): each
+    # source change leaves some.
+    "$eng" image prune -f --filter until=60m \
+        --filter "label=org.opencontainers.image.title=toolfactory-tool-server" >/dev/null || true
     echo "$IMAGE"
 }
 
 case "${1:-build}" in
     build) build ;;
     engine) engine ;;
-    base) eng=$(engine); [ "$eng" = podman ] && podman_host_config; base "$eng" ;;
+    base) eng=$(engine); one_at_a_time; [ "$eng" = podman ] && podman_host_config; base "$eng" ;;
     *) say "usage: $0 [build|engine|base]"; exit 2 ;;
 esac

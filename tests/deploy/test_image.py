@@ -34,8 +34,9 @@ from websockets.exceptions import ConnectionClosed
 from tests.support.containers import COMPOSE_FILE, build_image, capability_names, compose_command, engine
 from tests.support.server import REPO
 
-# A cold build bootstraps the base from Debian's archive first (a few minutes, once).
-pytestmark = pytest.mark.timeout(1800)
+# A cold build bootstraps the base from Debian's archive first (a few minutes, once). Under
+# pytest-xdist (--dist loadgroup) one worker runs them all: one build, one compose stack.
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.xdist_group("container-image")]
 
 TOKEN = "image-test-token-0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
