@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 __all__ = [
     "CLIENT_ONLY_KEYS",
@@ -62,6 +63,7 @@ OPTION_KEYS = frozenset(
         "session_meta",
         "session_arg",
         "per_session",
+        "session_uid",
         "max_sessions",
         "max_sessions_per_tenant",
         "max_message_bytes",
@@ -75,6 +77,7 @@ class StdioSpec:
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    uid: int | None = None  # run the command as this uid (and gid): a per_session process's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +181,12 @@ def _http_spec(where: str, spec: dict[str, Any]) -> HttpSpec:
     url = spec.get("url")
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
         raise ValueError(f"{where}.url must be an http(s) URL, got {url!r}")
+    if urlsplit(url).path.rstrip("/").endswith("/sse") and not any(key in spec for key in _TYPE_KEYS):
+        raise ValueError(
+            f"{where}.url {url!r} ends in /sse, the legacy SSE transport, which is not supported: give "
+            "the server's streamable HTTP URL (often .../mcp); if this one is streamable HTTP, say so "
+            "with type: http"
+        )
     return HttpSpec(_expand(url, f"{where}.url"), _str_map(spec.get("headers"), f"{where}.headers"))
 
 

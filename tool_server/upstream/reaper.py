@@ -1,9 +1,11 @@
 """Runs a stdio upstream's command and takes every process it starts down with it.
 
 Usage (``stdio`` does this; stdlib only, run as a script): ``python -I -S reaper.py PARENT_PID
-COMMAND [ARG...]``. The command inherits stdin, stdout, stderr, the environment and the
+USER COMMAND [ARG...]``. The command inherits stdin, stdout, stderr, the environment and the
 working directory; this process then lets go of stdin and stdout, so the server sees the
-command's end as before.
+command's end as before. USER is a uid the command runs as (its gid the same number, no
+supplementary groups: a ``per_session`` process's own), or ``-`` for the server's; this
+process keeps the server's, so it can still end the command's whole tree.
 
 Why a process of its own: a server may start background processes, and some leave its
 process group (``setsid``, a daemon's double fork), so killing the group at shutdown misses
@@ -48,6 +50,15 @@ def _prctl(option: int, value: int) -> None:
 def _die_with_parent() -> None:
     """In the command's process, before exec: SIGKILL when this process dies."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _become(uid: int) -> None:
+    """In the command's process, before exec: its own uid and gid, no other group; then the
+    parent-death signal, which the kernel clears on a change of credentials."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    _die_with_parent()
 
 
 def _descendants() -> list[int]:
@@ -116,20 +127,27 @@ def _on_signal(signum: int, _frame: object) -> NoReturn:
 
 
 def main(argv: list[str]) -> NoReturn:
-    if len(argv) < 3 or not argv[1].isdigit():
-        sys.stderr.write("usage: reaper.py PARENT_PID COMMAND [ARG...]\n")
+    if len(argv) < 4 or not argv[1].isdigit() or not (argv[2] == "-" or argv[2].isdigit()):
+        sys.stderr.write("usage: reaper.py PARENT_PID USER COMMAND [ARG...]  (USER: a uid, or -)\n")
         sys.exit(2)
-    parent, command = int(argv[1]), argv[2:]
+    parent, user, command = int(argv[1]), argv[2], argv[3:]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     for each in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(each, _on_signal)
     if os.getppid() != parent:  # the server died before PDEATHSIG was set
         sys.exit(1)
+    before_exec = _die_with_parent if user == "-" else (lambda: _become(int(user)))
     try:
-        child = subprocess.Popen(command, preexec_fn=_die_with_parent)  # noqa: S603 (the configured command)
+        child = subprocess.Popen(command, preexec_fn=before_exec)  # noqa: S603 (the configured command)
     except OSError as exc:
-        sys.stderr.write(f"cannot start {command[0]!r}: {exc.strerror}\n")
+        why = f"cannot start {command[0]!r}: {exc.strerror}"
+        if user != "-" and isinstance(exc, PermissionError):
+            why += (
+                f" (it runs as uid {user}, a per_session process's own: the command, its files and its "
+                "cwd must be readable by other users; or set session_uid: false on its mcpServers entry)"
+            )
+        sys.stderr.write(why + "\n")
         sys.exit(126 if isinstance(exc, PermissionError) else 127)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)  # the command's stdin and stdout are its own: their end is its end

@@ -12,9 +12,12 @@ The trajectory's session reaches the upstream in ``_meta``, in a named argument
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +44,7 @@ from tool_server.upstream.config import (
 from tool_server.upstream.sessions import SessionPool
 from tool_server.upstream.supervisor import State, Supervisor
 from tool_server.upstream.tools import MAX_NAME_LENGTH, UNSAFE_NAME, UpstreamTool, build_catalog
+from tools.sandbox.uids import UIDS
 
 __all__ = ["DEFAULT_SEPARATOR", "UpstreamServer"]
 
@@ -79,6 +83,9 @@ class UpstreamServer:
             Each runs with a private directory (its ``TMPDIR``; ``${session_dir}`` in ``args``,
             ``env`` and ``cwd``), removed when it stops, and ``${session}`` is its session's id:
             a server that keeps its world in files names them there.
+        session_uid: run each of those processes (and its directory) as a uid of its own, drawn
+            from the sandbox's (``tools.sandbox.uids``), so that no session's process can read
+            another's files; None: when the tool server runs as root (it must, to change uids).
         max_sessions_per_tenant: how many of those one token (tenant) may hold; None: 3/4 of
             ``max_sessions`` (at least 1), so one tenant's sessions leave room for the others.
             A server without tokens has one tenant, which may hold all ``max_sessions``.
@@ -106,6 +113,7 @@ class UpstreamServer:
         session_meta: bool = True,
         session_arg: str | None = None,
         per_session: bool = False,
+        session_uid: bool | None = None,
         max_sessions: int = 8,
         max_sessions_per_tenant: int | None = None,
         max_message_bytes: int = 32 * 1024 * 1024,
@@ -133,6 +141,8 @@ class UpstreamServer:
         self.session_meta = flag(session_meta, f"{where}.session_meta")
         self.per_session = flag(per_session, f"{where}.per_session")
         self._check_session_options(session_arg, max_sessions, max_sessions_per_tenant)
+        self._session_uid_off: str | None = None  # why the default could not give each session a uid
+        self.session_uid = self._check_session_uid(session_uid)
         self.session_arg = session_arg
         self.max_sessions = int(max_sessions)
         self.max_sessions_per_tenant = (
@@ -158,6 +168,7 @@ class UpstreamServer:
         # each process gets it filled in (spawn_instance; start, for the one that lists the tools).
         self._template = self.spec if self.per_session and isinstance(self.spec, StdioSpec) else None
         self._private_dir: str | None = None  # this process's ${session_dir}, removed by stop()
+        self._uid: int | None = None  # the uid this process runs as (session_uid), freed by stop()
 
     def _check_names(self) -> None:
         where = f"mcpServers.{self.name}"
@@ -189,6 +200,28 @@ class UpstreamServer:
             raise ValueError(
                 f"{where}.max_sessions_per_tenant must be a positive integer (or null), got {per_tenant!r}"
             )
+
+    def _check_session_uid(self, session_uid: Any) -> bool:
+        """Whether each session's process gets a uid of its own. Asked for (``true``) but not
+        possible: ValueError saying why. Left to the default: yes when it is possible, else
+        no, logged once and shown in ``status()`` (``session_uid_off``)."""
+        where = f"mcpServers.{self.name}.session_uid"
+        wanted = None if session_uid is None else flag(session_uid, where)
+        if not self.per_session or wanted is False:
+            return False
+        why_not = _why_no_session_uid(self.spec)
+        if why_not is None:
+            return True
+        if wanted:
+            raise ValueError(f"{where}: {why_not}; or set session_uid: false")
+        self._session_uid_off = why_not
+        logger.warning(
+            "upstream %s: its sessions' processes share the tool server's uid (they can read each "
+            "other's files): %s; set session_uid: true to make this an error",
+            self.name,
+            why_not,
+        )
+        return False
 
     # ---------------------------------------------------------------- public view
 
@@ -249,6 +282,9 @@ class UpstreamServer:
             "uptime_s": round(time.monotonic() - up_since, 3) if up_since is not None else None,
         }
         if self._pool is not None:
+            status["session_uid"] = self.session_uid
+            if self._session_uid_off is not None:
+                status["session_uid_off"] = self._session_uid_off
             status["sessions"] = len(self._pool)
             status["max_sessions"] = self.max_sessions
             status["max_sessions_per_tenant"] = self.max_sessions_per_tenant
@@ -270,7 +306,8 @@ class UpstreamServer:
         if self._template is not None and self._private_dir is None:
             # The process that lists the tools serves no session: it gets a directory and an id of its own.
             self._private_dir = _new_private_dir(self.name)
-            self.spec = for_session(self._template, CATALOG_SESSION, self._private_dir)
+            spec = for_session(self._template, CATALOG_SESSION, self._private_dir)
+            self.spec, self._uid = self._own_user(spec, self._private_dir)
         self._link.start()
         if wait:
             await self.wait_attempted(self.connect_timeout_s + 5)
@@ -291,6 +328,9 @@ class UpstreamServer:
         if self._private_dir is not None:  # after the process: it may write there until it ends
             directory, self._private_dir = self._private_dir, None
             await anyio.to_thread.run_sync(shutil.rmtree, directory, True)
+        if self._uid is not None:  # its processes are gone (the reaper ends the tree), its files too
+            UIDS.release(self._uid)
+            self._uid = None
 
     async def __aenter__(self) -> UpstreamServer:
         await self.start()
@@ -384,6 +424,20 @@ class UpstreamServer:
 
     # --------------------------------------------------------- per-session pool
 
+    def _own_user(self, spec: StdioSpec, directory: str) -> tuple[StdioSpec, int | None]:
+        """``spec`` run as a uid of its own (``session_uid``), which then owns its private
+        ``directory`` (mode 0700: no other session's process may enter it) and has it as ``HOME``
+        unless ``env`` sets one; and that uid, to free when the process has stopped."""
+        if not self.session_uid:
+            return spec, None
+        uid = UIDS.acquire()
+        try:
+            os.chown(directory, uid, uid)
+        except BaseException:
+            UIDS.release(uid)
+            raise
+        return dataclasses.replace(spec, uid=uid, env={"HOME": directory, **spec.env}), uid
+
     def spawn_instance(self, session_id: str) -> UpstreamServer:
         """A new, unstarted instance of this server for one session (``per_session``), with a
         private directory of its own (removed by its ``stop``); ToolError if it cannot have one."""
@@ -401,6 +455,13 @@ class UpstreamServer:
         except ValueError as exc:
             shutil.rmtree(directory, ignore_errors=True)
             raise ToolError(f"{self.label}: {exc}", ErrorKind.BAD_REQUEST) from None
+        try:
+            spec, uid = self._own_user(spec, directory)
+        except Exception as exc:  # no uid left, or the directory could not be handed over
+            shutil.rmtree(directory, ignore_errors=True)
+            raise ToolError(
+                f"{self.label}: cannot give this session a uid of its own: {exc}", ErrorKind.UNAVAILABLE
+            ) from None
         instance = UpstreamServer(
             self.name,
             spec,
@@ -416,6 +477,7 @@ class UpstreamServer:
         )
         instance.session_meta = False  # the parent sets _meta and arguments
         instance._private_dir = directory
+        instance._uid = uid
         instance._refused = dict(self._refused)  # already logged by the parent
         instance.label = f"this session's instance of {self.label}"
         return instance
@@ -451,3 +513,42 @@ class UpstreamServer:
 def _new_private_dir(server: str) -> str:
     """A new directory only this user may enter (``mkdtemp``), in the tool server's TMPDIR."""
     return tempfile.mkdtemp(prefix=f"toolfactory-{server}-")
+
+
+def _why_no_session_uid(spec: StdioSpec | HttpSpec) -> str | None:
+    """Why a process of ``spec`` cannot run as a uid of its own here, or None if it can: that
+    needs root, a TMPDIR other users can reach (the process's directory is there), and a
+    command they can run."""
+    if os.geteuid() != 0:
+        return "running each session's process as a uid of its own needs a tool server running as root"
+    temp = tempfile.gettempdir()
+    blocked = _not_traversable(temp)
+    if blocked is not None:
+        return (
+            f"each session's process would run as a uid of its own and must reach its directory under "
+            f"TMPDIR {temp!r}, but other users cannot enter {blocked!r} (chmod o+x it, or set TMPDIR)"
+        )
+    assert isinstance(spec, StdioSpec)  # per_session is checked to be stdio
+    found = shutil.which(spec.command, path=spec.env.get("PATH") or os.environ.get("PATH", os.defpath))
+    if found is not None:
+        command = os.path.realpath(found)
+        blocked = _not_traversable(os.path.dirname(command))
+        if blocked is not None or not os.stat(command).st_mode & stat.S_IXOTH:
+            return (
+                f"each session's process would run as a uid of its own, but other users cannot run "
+                f"its command {spec.command!r} ({command}: {blocked or 'not executable by others'} "
+                "is closed to them); install it where they can"
+            )
+    return None
+
+
+def _not_traversable(path: str) -> str | None:
+    """The first directory on the way to ``path`` (itself included) that other users cannot enter."""
+    current = os.path.abspath(path)
+    while True:
+        if not os.stat(current).st_mode & stat.S_IXOTH:
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent

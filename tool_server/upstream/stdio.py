@@ -116,7 +116,7 @@ async def bounded_stdio_client(
     _check_command(spec.command, env, spec.cwd)
     process = await anyio.open_process(
         # -I -S: the reaper needs the standard library only, and none of our environment's settings
-        [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), spec.command, *spec.args],
+        [sys.executable, "-I", "-S", _REAPER, str(os.getpid()), _as_user(spec), spec.command, *spec.args],
         env=env,
         stderr=errlog,
         cwd=spec.cwd,
@@ -166,6 +166,11 @@ async def bounded_stdio_client(
                     await writer_done.wait()
                 await _stop(process)
             tasks.cancel_scope.cancel()
+
+
+def _as_user(spec: StdioSpec) -> str:
+    """The reaper's USER argument: the uid the command runs as, or ``-`` for the server's own."""
+    return "-" if spec.uid is None else str(spec.uid)
 
 
 def _check_command(command: str, env: dict[str, str], cwd: str | None) -> None:
