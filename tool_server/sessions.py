@@ -109,6 +109,11 @@ class SessionStore:
             ErrorKind.UNKNOWN_SESSION,
         )
 
+    def peek(self, tenant: str, session_id: str) -> SessionState | None:
+        """The tenant's open session of that id, or None: opens nothing and renews nothing."""
+        state = self._sessions.get(session_id)
+        return state if state is not None and self._owners.get(session_id) == tenant else None
+
     def renew(self, tenant: str, session_ids: list[str]) -> tuple[list[str], list[str]]:
         """Restart the TTL of the tenant's open sessions among ``session_ids``; a renewal
         never opens a session.

@@ -131,6 +131,29 @@ def test_a_call_without_a_session_is_refused(server: ServerProcess) -> None:
     assert result.is_error and result.error is not None
     assert result.error.kind.value == "bad_request"
     assert "session" in result.error.message
+    # Also the way for an MCP client that cannot set _meta: the session in the URL.
+    assert "/mcp/shop/s/<session>" in result.error.message
+
+
+def test_a_task_bound_urls_tool_list_offers_only_what_the_task_allows(server: ServerProcess) -> None:
+    """Before: ``/mcp/shop/s/<session>`` listed every tool of the pack, and the ones the
+    session's task refuses failed when called."""
+    session = bound(server, "shop", "cancel_patched")  # its task allows get_order, cancel_order
+    unbound = sid()
+
+    async def listed(path: str) -> set[str]:
+        async with httpx2.AsyncClient(headers=headers()) as http:
+            transport = streamable_http_client(server.url + path, http_client=http)
+            async with Client(transport, mode="2026-07-28") as client:
+                return {tool.name for tool in (await client.list_tools()).tools}
+
+    everything = {t.name for t in env_pack.TOOLS}
+    assert anyio.run(listed, f"/mcp/shop/s/{session}") == {"get_order", "cancel_order"}
+    assert anyio.run(listed, "/mcp/shop") == everything
+    assert anyio.run(listed, f"/mcp/shop/s/{unbound}") == everything  # no task: no limit
+    refused = call(server, "delete_order", {"order_id": "o3"}, session)
+    assert refused.error is not None and "not available in this task" in refused.error.message
+    release(server, session)
 
 
 def test_a_released_sessions_world_is_freed_and_its_id_unknown(server: ServerProcess) -> None:

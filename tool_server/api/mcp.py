@@ -53,6 +53,7 @@ from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_t
 from tool_server.executor.gc_pacing import YOUNG_BUDGET
 from tool_server.registry import ToolEntry
 from tool_server.sessions import SessionStore
+from tools.envs.host import refusal
 
 # A young collection every this many MCP requests (_McpAsgi owes the GC pacer its share per
 # request). Each stateless request leaves ~14 objects in reference cycles inside the SDK, but a
@@ -353,7 +354,25 @@ class McpEndpoint:
             ]
             if allowed is None:
                 self._tool_cache[key] = tools
+        hidden = self._refused_by_task(ctx, caller)
+        if hidden:
+            tools = [tool for tool in tools if tool.name not in hidden]
         return types.ListToolsResult(tools=tools)
+
+    def _refused_by_task(self, ctx: Any, caller: Caller) -> frozenset[str]:
+        """The tools the task of the URL's session (``/mcp/{toolset}/s/{session}``, bound to a
+        task) would refuse its agent: a list that offered them would invite calls that fail."""
+        request = getattr(ctx, "request", None)
+        host = self.registry.environments
+        session_id = request.path_params.get("session") if request is not None else None
+        if session_id is None or host is None:
+            return frozenset()
+        binding = host.binding(self.executor.sessions.peek(caller.tenant, session_id))
+        if binding is None:
+            return frozenset()
+        pack, task = host.resolve(binding.pack, binding.task)
+        prefix = host.prefixes.get(pack.id, "")
+        return frozenset(prefix + tool.name for tool in pack.tools if refusal(task, tool.name) is not None)
 
     def _visible_set(self, toolset: str | None, allowed: frozenset[str] | None) -> set[str]:
         if allowed is not None:

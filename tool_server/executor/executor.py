@@ -267,7 +267,9 @@ class Executor:
                     call_id,
                     ErrorKind.BAD_REQUEST,
                     f"{call.name} acts on a session's world: send a session id with the call "
-                    f"('session' on /v1/calls, _meta['toolfactory/session'] on MCP)",
+                    f"('session' on /v1/calls, _meta['toolfactory/session'] on MCP), or, from an MCP "
+                    f"client that cannot set _meta, use a URL that names it: "
+                    f"/mcp/{min(entry.toolsets) if entry.toolsets else '<toolset>'}/s/<session>",
                 )
         elif prepared is None and entry.is_verifier:
             # A verifier called as a tool from a session (a trajectory's calls all carry its

@@ -23,7 +23,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from tool_server.upstream.config import HttpSpec, StdioSpec
 from tool_server.upstream.stderr import StderrCapture
 from tool_server.upstream.tools import output_validator
-from tool_server.upstream.transport import describe_failure, open_transport
+from tool_server.upstream.transport import HttpNotes, describe_failure, open_transport
 
 __all__ = ["State", "Supervisor"]
 
@@ -71,6 +71,7 @@ class Supervisor:
         self._attempted = asyncio.Event()
         self._cancel_scope: anyio.CancelScope | None = None  # made in start(): it needs the event loop
         self._stderr: StderrCapture | None = None
+        self._http_notes: HttpNotes | None = None  # the current connection's HTTP refusals
 
     @property
     def started(self) -> bool:
@@ -278,6 +279,7 @@ class Supervisor:
                 self._stderr.close()
             self._stderr = StderrCapture()
             errlog = self._stderr.file
+        self._http_notes = HttpNotes() if isinstance(server.spec, HttpSpec) else None
         return open_transport(
             server.spec,
             on_end,
@@ -285,6 +287,7 @@ class Supervisor:
             connect_timeout_s=server.connect_timeout_s,
             call_timeout_s=server.call_timeout_s,
             max_message_bytes=server.max_message_bytes,
+            notes=self._http_notes,
         )
 
     def _with_stderr(self, message: str) -> str:
@@ -294,7 +297,7 @@ class Supervisor:
     def _describe(self, exc: BaseException) -> str:
         stderr = self._stderr.excerpt() if self._stderr is not None else ""
         return describe_failure(
-            exc, self.server.name, self.server.spec, self.server.connect_timeout_s, stderr
+            exc, self.server.name, self.server.spec, self.server.connect_timeout_s, stderr, self._http_notes
         )
 
 

@@ -28,6 +28,27 @@ from tool_server.upstream.stdio import bounded_stdio_client
 __all__ = ["describe_failure", "exc_text", "open_transport"]
 
 
+class HttpNotes:
+    """What an upstream's HTTP answers said that the SDK's error for them does not ("Server
+    returned an error response"): the first refusal of our credentials (401, 403) or of a POST
+    (404, 405: no streamable HTTP endpoint there), as ``(status, method, url, challenge)``."""
+
+    __slots__ = ("refused",)
+
+    def __init__(self) -> None:
+        self.refused: tuple[int, str, str, str | None] | None = None
+
+    def saw(self, response: httpx2.Response) -> None:
+        status, method = response.status_code, response.request.method
+        if self.refused is None and (status in (401, 403) or (status in (404, 405) and method == "POST")):
+            self.refused = (
+                status,
+                method,
+                str(response.request.url),
+                response.headers.get("www-authenticate"),
+            )
+
+
 def open_transport(
     spec: StdioSpec | HttpSpec,
     on_end: Callable[[], None],
@@ -36,8 +57,10 @@ def open_transport(
     connect_timeout_s: float,
     call_timeout_s: float,
     max_message_bytes: int,
+    notes: HttpNotes | None = None,
 ) -> contextlib.AbstractAsyncContextManager[tuple[Any, Any]]:
-    """The SDK transport for ``spec``, its read stream watched (``on_end`` runs when it ends)."""
+    """The SDK transport for ``spec``, its read stream watched (``on_end`` runs when it ends);
+    an HTTP one records its refusals in ``notes``."""
     if isinstance(spec, StdioSpec):
         client = bounded_stdio_client(spec, errlog=errlog, max_message_bytes=max_message_bytes)
         return _watched(client, on_end)
@@ -46,19 +69,39 @@ def open_transport(
     http = httpx2.AsyncClient(
         headers=spec.headers or None,
         timeout=httpx2.Timeout(connect_timeout_s, read=max(call_timeout_s, 300.0)),
-        event_hooks={"response": [_bounded_bodies(max_message_bytes)]},
+        event_hooks={"response": [_bounded_bodies(max_message_bytes, notes)]},
     )
     client = streamable_http_client(spec.url, http_client=http, max_sse_event_size=max_message_bytes)
     return _watched(client, on_end, owned=http)
 
 
 def describe_failure(
-    exc: BaseException, name: str, spec: StdioSpec | HttpSpec, connect_timeout_s: float, stderr: str = ""
+    exc: BaseException,
+    name: str,
+    spec: StdioSpec | HttpSpec,
+    connect_timeout_s: float,
+    stderr: str = "",
+    notes: HttpNotes | None = None,
 ) -> str:
-    """Why connecting to upstream ``name`` failed; ``stderr`` (an excerpt) is quoted where it helps."""
+    """Why connecting to upstream ``name`` failed; ``stderr`` (an excerpt) is quoted where it
+    helps, and an HTTP refusal (``notes``) is named: the SDK reports it as any error response."""
 
     def with_stderr(message: str) -> str:
         return f"{message}; stderr: {stderr}" if stderr else message
+
+    if notes is not None and notes.refused is not None:
+        status, method, url, challenge = notes.refused
+        if status in (401, 403):
+            said = f" (WWW-Authenticate: {challenge})" if challenge else ""
+            return (
+                f"upstream '{name}' refused our credentials: HTTP {status} to {method} {url}{said}; "
+                f"check the token in mcpServers.{name}.headers (Authorization: Bearer ...)"
+            )
+        return (
+            f"upstream '{name}' answered HTTP {status} to {method} {url}: no streamable HTTP MCP "
+            "endpoint there. A legacy SSE endpoint (often .../sse) is not supported: give the "
+            "server's streamable HTTP URL (often .../mcp)"
+        )
 
     if isinstance(exc, FileNotFoundError) and isinstance(spec, StdioSpec):
         return (
@@ -90,14 +133,18 @@ class _MessageTooLarge(httpx2.StreamError):
     """An HTTP response body over the limit (the SDK fails the request it answers with it)."""
 
 
-def _bounded_bodies(limit: int) -> Callable[[httpx2.Response], Awaitable[None]]:
-    """A response hook: every body but an SSE stream is cut at ``limit`` bytes.
+def _bounded_bodies(
+    limit: int, notes: HttpNotes | None = None
+) -> Callable[[httpx2.Response], Awaitable[None]]:
+    """A response hook: every body but an SSE stream is cut at ``limit`` bytes; refusals go to ``notes``.
 
     The SDK reads a JSON response whole (``aread``); SSE events it bounds itself. (A hook,
     not a transport of ours: a client given a transport ignores the proxy variables.)
     """
 
     async def bound(response: httpx2.Response) -> None:
+        if notes is not None and response.status_code >= 400:
+            notes.saw(response)
         if not response.headers.get("content-type", "").lower().startswith("text/event-stream"):
             response.stream = _CappedBody(response.stream, limit)
 
