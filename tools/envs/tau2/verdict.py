@@ -144,7 +144,11 @@ def judge(
     solo = bool(task.metadata.get("tau2_solo"))
     records = tau2_calls(domain, task, calls, world.refused)
     if any(record.refused for record in records):
-        records = as_tau2_ran(domain, tau2_task, records, solo=solo)
+        try:
+            records = as_tau2_ran(domain, tau2_task, records, solo=solo)
+        except Exception as exc:  # noqa: BLE001 - τ²'s run would have failed: τ² scores the sample 0
+            why = f"τ²'s environment fails replaying this run ({type(exc).__name__}: {exc})"
+            return Verdict(0.0, False, {}, f"{why}; τ²'s run_tasks scores a failed sample 0.0")
     run = read_run(messages, records, solo=solo)
     return evaluate(domain, tau2_task, run, solo=solo, nl_judge=nl_judge, conversation=messages)
 
