@@ -530,16 +530,31 @@ def _why_no_session_uid(spec: StdioSpec | HttpSpec) -> str | None:
         )
     assert isinstance(spec, StdioSpec)  # per_session is checked to be stdio
     found = shutil.which(spec.command, path=spec.env.get("PATH") or os.environ.get("PATH", os.defpath))
-    if found is not None:
-        command = os.path.realpath(found)
-        blocked = _not_traversable(os.path.dirname(command))
-        if blocked is not None or not os.stat(command).st_mode & stat.S_IXOTH:
+    # The command, and the interpreter of a script (a venv's console script names its python).
+    for command in [] if found is None else [found, *_interpreter(found)]:
+        real = os.path.realpath(command)
+        blocked = _not_traversable(os.path.dirname(real))
+        if blocked is not None or not os.stat(real).st_mode & stat.S_IXOTH:
             return (
                 f"each session's process would run as a uid of its own, but other users cannot run "
-                f"its command {spec.command!r} ({command}: {blocked or 'not executable by others'} "
+                f"its command {spec.command!r} ({real}: {blocked or 'not executable by others'} "
                 "is closed to them); install it where they can"
             )
     return None
+
+
+def _interpreter(path: str) -> list[str]:
+    """The program a ``#!`` script names, if it is one (and the path exists)."""
+    try:
+        with open(path, "rb") as script:
+            head = script.read(256)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    words = head[2:].split(b"\n", 1)[0].split()
+    program = words[0].decode(errors="replace") if words else ""
+    return [program] if os.path.isabs(program) and os.path.exists(program) else []
 
 
 def _not_traversable(path: str) -> str | None:
