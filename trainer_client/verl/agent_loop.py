@@ -44,6 +44,10 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+# First: registers veRL's "cpu" platform (VERL_PLATFORM=cpu) before any veRL code asks for one.
+import trainer_client.verl.cpu_platform  # noqa: F401
+
+# isort: split
 from verl.experimental.agent_loop.agent_loop import (
     AgentLoopBase,
     AgentLoopMetrics,
