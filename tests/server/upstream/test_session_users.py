@@ -11,6 +11,7 @@ with the venv's packages on its path (in the container image Python is in ``/usr
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +26,7 @@ import yaml
 from protocol import decode_results
 from tests.server.upstream.test_served import wait_for
 from tests.support.server import REPO, running_server, server_config
+from tool_server.upstream.hosting import UpstreamServer
 from tools.sandbox.uids import DEFAULT_UIDS
 
 FILES = str(REPO / "tests" / "support" / "files_upstream.py")
@@ -108,3 +110,29 @@ def test_a_tmpdir_other_users_cannot_enter_is_a_config_error(tmp_path: Path) -> 
     assert checked.returncode == 2, checked.stderr
     assert f"other users cannot enter '{closed}'" in checked.stderr
     assert "session_uid: false" in checked.stderr
+
+
+def test_left_to_the_default_a_command_other_users_cannot_run_leaves_it_off_and_says_why(
+    tmp_path: Path,
+) -> None:
+    closed = Path(tempfile.mkdtemp())  # mode 0700
+    try:
+        script = closed / "server.sh"
+        script.write_text("#!/bin/sh\nexit 0\n")
+        script.chmod(0o755)
+        spec = {"command": str(script), "args": ["${session_dir}"]}
+        default = UpstreamServer("closed", spec, per_session=True)
+        assert default.session_uid is False
+        status = default.status()
+        assert status["session_uid"] is False
+        assert f"other users cannot run its command {str(script)!r}" in status["session_uid_off"]
+        with pytest.raises(
+            ValueError, match=r"^mcpServers.closed.session_uid: .* or set session_uid: false$"
+        ):
+            UpstreamServer("closed", spec, per_session=True, session_uid=True)
+        assert (
+            UpstreamServer("closed", spec, per_session=True, session_uid=False).status()["session_uid"]
+            is False
+        )
+    finally:
+        shutil.rmtree(closed)
