@@ -279,8 +279,23 @@ def run_trainer(argv: list[str]) -> int:
     try:
         return train_cli.main(argv)
     except KeyboardInterrupt:
-        print("interrupted: the steps that finished are in metrics.jsonl", file=sys.stderr, flush=True)
+        print(interrupted_message(_out_dir(argv)), file=sys.stderr, flush=True)
         return 130
+
+
+def interrupted_message(out_dir: Path | None) -> str:
+    """Where the finished steps are, if any finished: metrics.jsonl exists only after the first."""
+    metrics = out_dir / "metrics.jsonl" if out_dir is not None else None
+    if metrics is not None and metrics.is_file() and metrics.stat().st_size:
+        return f"interrupted: the steps that finished are in {metrics}"
+    return "interrupted before the first training step finished: nothing was written"
+
+
+def _out_dir(argv: list[str]) -> Path | None:
+    for flag, value in zip(argv, argv[1:], strict=False):
+        if flag == "--out-dir":
+            return Path(value)
+    return None
 
 
 def publish(out: Path, name: str) -> None:

@@ -18,7 +18,8 @@ MEANING = {
     "needs that number inside <answer> too: ~0.2-0.3 at this temperature, which GRPO takes to ~0.73 "
     "(examples/learn_arithmetic.py).",
     "bank": "all or nothing (the right calls with the right arguments, the world's final state, the "
-    "answer): the untrained model rarely gets a whole task; examples/learn_multistep.py trains it.",
+    "answer): copying the prompt's two worked examples, the untrained model solves some one-call tasks "
+    "and few two-call ones; examples/learn_multistep.py trains it.",
 }
 _CLIP = 160
 

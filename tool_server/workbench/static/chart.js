@@ -40,7 +40,9 @@ export function lineChart(series, { width = 640, height = 260, yMin, yMax, xLabe
   const x0 = xs.length ? Math.min(...xs) : 0;
   const x1 = xs.length ? Math.max(...xs) : 1;
   const y0 = yMin ?? (ys.length ? Math.min(0, ...ys) : 0);
-  const y1 = yMax ?? (ys.length ? Math.max(...ys, y0 + 1e-9) : 1);
+  // a flat series (no calls yet: all zeros) gets a unit range, not an axis up to 1e-9
+  const top = ys.length ? Math.max(...ys) : y0 + 1;
+  const y1 = yMax ?? (top > y0 ? top : y0 + 1);
   const sx = (x) => pad.left + ((x - x0) / (x1 - x0 || 1)) * (width - pad.left - pad.right);
   const sy = (y) => height - pad.bottom - ((y - y0) / (y1 - y0 || 1)) * (height - pad.top - pad.bottom);
   const root = svg("svg", { class: "chart", viewBox: `0 0 ${width} ${height}`, width, height, role: "img", "aria-label": title || yLabel });

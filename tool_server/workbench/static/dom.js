@@ -40,6 +40,15 @@ export function toast(message, kind = "info") {
   toast.timer = setTimeout(() => (box.className = ""), 4000);
 }
 
+// At most `limit` characters, cut between words with an ellipsis (a description cut mid-word read as a typo).
+export function clip(text, limit = 90) {
+  const s = String(text ?? "");
+  if (s.length <= limit) return s;
+  const cut = s.slice(0, limit - 1);
+  const space = cut.lastIndexOf(" ");
+  return `${(space > limit / 2 ? cut.slice(0, space) : cut).replace(/[\s,;:.]+$/, "")}…`;
+}
+
 export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }

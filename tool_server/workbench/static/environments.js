@@ -1,6 +1,6 @@
 // Environments: packs, their tasks by level, the gold calls as a depends_on graph, a replay of the gold.
 import { api } from "./api.js";
-import { arrowKeys, clear, el, fmt, pretty, toast } from "./dom.js";
+import { arrowKeys, clear, clip, el, fmt, pretty, toast } from "./dom.js";
 import { openSession } from "./sessions.js";
 
 const NS = "http://www.w3.org/2000/svg";
@@ -85,7 +85,7 @@ export async function mount(main, args) {
       el("li.muted", { text: `level ${level}` }),
       ts.map((t) => el("li", {}, el("button.item", { type: "button", dataset: { task: t.id }, "aria-selected": String(t.id === state.task),
         on: { click: () => { location.hash = `#/environments/${encodeURIComponent(p.id)}/${encodeURIComponent(t.id)}`; } } },
-      el("span.name", { text: t.id }), el("span.kind", { text: `${t.gold.length} call${t.gold.length === 1 ? "" : "s"} · ${t.scenario}` }), el("small", { text: String(t.prompt).slice(0, 90) })))),
+      el("span.name", { text: t.id }), el("span.kind", { text: `${t.gold.length} call${t.gold.length === 1 ? "" : "s"} · ${t.scenario}` }), el("small", { text: clip(t.prompt, 90) })))),
     ]), tasks.length > PAGE ? el("li.muted", { text: `${tasks.length - PAGE} more: filter to find them` }) : null);
   };
 

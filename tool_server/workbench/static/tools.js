@@ -1,6 +1,6 @@
 // Tools: every tool the token may use, its descriptor and schema, a form to call it, snippets.
 import { api } from "./api.js";
-import { arrowKeys, clear, el, fmt, pretty, snippet, toast } from "./dom.js";
+import { arrowKeys, clear, clip, el, fmt, pretty, snippet, toast } from "./dom.js";
 import { contentBlock } from "./blocks.js";
 import { schemaForm } from "./form.js";
 import { openSession, releaseSession, sessions } from "./sessions.js";
@@ -45,7 +45,7 @@ export async function mount(main, args) {
     clear(list, shown.map((t) => el("li", {}, el("button.item", {
       type: "button", role: "option", "aria-selected": String(t.name === state.selected), dataset: { tool: t.name },
       on: { click: () => { location.hash = `#/tools/${encodeURIComponent(t.name)}`; } },
-    }, el("span.name", { text: t.name }), el("span.kind", { text: meta(t).kind || "" }), el("small", { text: (t.description || "").split("\n")[0].slice(0, 90) })))));
+    }, el("span.name", { text: t.name }), el("span.kind", { text: meta(t).kind || "" }), el("small", { text: clip((t.description || "").split("\n")[0], 90) })))));
     clear(pager, pages > 1 ? [
       el("button.small", { type: "button", text: "‹ prev", disabled: state.page === 0, on: { click: () => { state.page--; drawList(); } } }),
       ` page ${state.page + 1} of ${pages} `,

@@ -11,8 +11,9 @@ export async function mount(main, args) {
   const fileSelect = el("select", { "aria-label": "trajectories file", dataset: { fileSelect: "" } });
   const upload = el("input", { type: "file", accept: ".jsonl,.json,application/jsonl", "aria-label": "upload a JSONL file" });
   const filters = {
-    data_source: el("select", { "aria-label": "data source" }),
-    stop_reason: el("select", { "aria-label": "stop reason" }),
+    // labelled from the start: before a file is picked they were empty boxes
+    data_source: el("select", { "aria-label": "data source" }, el("option", { value: "", text: "data source: any" })),
+    stop_reason: el("select", { "aria-label": "stop reason" }, el("option", { value: "", text: "stop reason: any" })),
     min_reward: el("input", { type: "number", step: "any", placeholder: "min reward", "aria-label": "min reward", size: 8 }),
     max_reward: el("input", { type: "number", step: "any", placeholder: "max reward", "aria-label": "max reward", size: 8 }),
     tool_errors: el("select", { "aria-label": "tool errors" }, el("option", { value: "", text: "tool errors: any" }), el("option", { value: "yes", text: "with tool errors" }), el("option", { value: "no", text: "without tool errors" })),
