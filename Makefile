@@ -120,7 +120,7 @@ serve: setup
 
 # The tool server's image, toolfactory/tool-server:latest (compose/Dockerfile), with docker if its
 # daemon answers, else podman; from BASE_IMAGE if given, else python:3.11-slim, else (no registry)
-# a Debian base bootstrapped once and cached in ~/.cache/toolfactory (compose/image.sh says how).
+# a Debian base bootstrapped once and cached in ~/.cache/toolfactory/images (compose/image.sh says how).
 image: system
 	BASE_IMAGE=$(BASE_IMAGE) compose/image.sh build
 
