@@ -358,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         "them and the prompt does not describe the tools already, so SmolLM2's prompts are unchanged)",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line")
     return parser
 
 
