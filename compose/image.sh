@@ -90,6 +90,7 @@ bootstrap_debian_base() {
     if [ ! -s "$tarball" ]; then
         command -v mmdebstrap >/dev/null 2>&1 || { say "no registry answers and mmdebstrap is missing; \`make setup\` installs it"; return 1; }
         mkdir -p "$CACHE"
+        rm -f "$tarball.part"  # an interrupted bootstrap's
         say "bootstrapping $DEBIAN_BASE from Debian's archive (a few minutes, once; cached in $tarball)"
         nice -n 10 mmdebstrap --quiet --format=tar --variant=minbase --include=python3,python3-venv,ca-certificates \
             --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
