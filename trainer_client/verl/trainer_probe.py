@@ -53,12 +53,13 @@ def _record_batch(trainer: Any, batch: Any) -> None:
     _save(f"batch_step{trainer.global_steps}.pt", {"batch": tensors, "toolfactory": stats, "uid": uids})
     if getattr(trainer, "_toolfactory_probe_row", None) is None:
         trainer._toolfactory_probe_row = batch[:1]  # the fixed prompt: the first the trainer saw
+        trainer._toolfactory_probe_rows = len(batch)  # a size veRL's micro-batching accepts
         _probe_sync(
             trainer, trainer.global_steps - 1
         )  # before the first update: the weights it rolled out with
 
 
-def _scored_row(row: Any, tokens: list[int]) -> Any:
+def _scored_row(row: Any, tokens: list[int], copies: int) -> Any:
     """``row`` (a one-row DataProto of the rollout layout) with its response replaced by ``tokens``."""
     from verl import DataProto
 
@@ -70,7 +71,7 @@ def _scored_row(row: Any, tokens: list[int]) -> Any:
     response_valid[0, : len(tokens)] = 1
     attention_mask = torch.cat([row.batch["attention_mask"][:, : prompts.shape[1]], response_valid], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    two = {  # two identical rows: veRL's micro-batching and data-parallel split expect more than one
+    one = {
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
@@ -78,7 +79,8 @@ def _scored_row(row: Any, tokens: list[int]) -> Any:
         "position_ids": position_ids,
         "response_mask": response_valid,
     }
-    probe = DataProto.from_dict({key: value.repeat(2, 1) for key, value in two.items()})
+    # as many identical rows as a trained batch: veRL's micro-batches must divide the batch
+    probe = DataProto.from_dict({key: value.repeat(copies, 1) for key, value in one.items()})
     probe.meta_info = dict(row.meta_info)
     return probe
 
@@ -98,7 +100,7 @@ def _probe_sync(trainer: Any, step: int) -> None:
 
     output = asyncio.run(generate())
     tokens = list(output.token_ids)
-    probe = _scored_row(row, tokens)
+    probe = _scored_row(row, tokens, trainer._toolfactory_probe_rows)
     probe.meta_info["temperature"] = 1.0  # the replica's log-probs are of the untempered policy
     old_log_prob, _mfu = trainer._compute_old_log_prob(probe)
     trainer_logprobs = old_log_prob.batch["old_log_probs"][0, : len(tokens)].float()
