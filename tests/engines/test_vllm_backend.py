@@ -103,7 +103,7 @@ def test_a_dead_server_is_named_with_what_to_do() -> None:
 
 def test_images_are_refused_not_dropped() -> None:
     gen = VLLMGenerator(dead_url())
-    with pytest.raises(ValueError, match="cannot pass image_data"):
+    with pytest.raises(ValueError, match="cannot take image_data"):
         asyncio.run(gen.generate("r", prompt_ids=[1], sampling_params={}, image_data=[object()]))
 
 

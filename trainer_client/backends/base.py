@@ -73,3 +73,12 @@ def max_new_tokens(sampling_params: dict[str, Any], default: int) -> int:
     """The token budget of one request (``max_tokens`` or ``max_new_tokens``)."""
     value = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
     return default if value is None else int(value)
+
+
+def check_text_request(backend: str, prompt_ids: list[int], kwargs: dict[str, Any], images_hint: str) -> None:
+    """The checks every text backend makes of a ``generate`` call: some context, and no images
+    (``images_hint``: where a request with images should go instead)."""
+    if not prompt_ids:
+        raise ValueError("prompt_ids is empty: generation needs at least one token of context")
+    if kwargs.get("image_data"):
+        raise ValueError(f"{backend} cannot take image_data: {images_hint}")

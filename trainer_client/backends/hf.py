@@ -36,6 +36,7 @@ from trainer_client.backends.base import (
     STOP_COMPLETED,
     STOP_LENGTH,
     TokenOutput,
+    check_text_request,
     max_new_tokens,
 )
 from trainer_client.backends.models import autocast
@@ -126,13 +127,13 @@ class HFGenerator:
         sampling_params: dict[str, Any],
         **kwargs: Any,
     ) -> TokenOutput:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: generation needs at least one token of context")
-        if kwargs.get("image_data"):
-            raise ValueError(
-                "HFGenerator is a text-only backend and cannot take image_data: serve a vision-language "
-                "model with vLLM/SGLang under veRL, or roll out without a processor (images become text notes)"
-            )
+        check_text_request(
+            "HFGenerator (a text-only backend)",
+            prompt_ids,
+            kwargs,
+            "serve a vision-language model with vLLM/SGLang under veRL, or roll out without a processor "
+            "(images become text notes)",
+        )
         loop = asyncio.get_running_loop()
         request = self._make_request(list(prompt_ids), sampling_params, loop.create_future())
         if request.max_tokens <= 0:

@@ -38,6 +38,7 @@ from trainer_client.backends.base import (
     STOP_COMPLETED,
     STOP_LENGTH,
     TokenOutput,
+    check_text_request,
     max_new_tokens,
 )
 
@@ -107,13 +108,12 @@ class VLLMGenerator:
         sampling_params: dict[str, Any],
         **kwargs: Any,
     ) -> TokenOutput:
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty: generation needs at least one token of context")
-        if kwargs.get("image_data"):
-            raise ValueError(
-                "VLLMGenerator sends token ids to /v1/completions and cannot pass image_data: roll out a "
-                "vision-language model through veRL's server manager, or without a processor"
-            )
+        check_text_request(
+            "VLLMGenerator (token ids to /v1/completions)",
+            prompt_ids,
+            kwargs,
+            "roll out a vision-language model through veRL's server manager, or without a processor",
+        )
         await self.describe()
         want_logprobs = bool(sampling_params.get("logprobs", False))
         budget = max_new_tokens(sampling_params, self.default_max_tokens)

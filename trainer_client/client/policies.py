@@ -77,8 +77,15 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Wait before attempt ``attempt + 1``; jitter spreads the retries of one failed batch."""
-        base = min(self.max_backoff_s, self.backoff_s * 2 ** min(32, max(0, attempt - 1)))
-        return base * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt, self.backoff_s, self.max_backoff_s)
+
+
+def backoff_delay(attempt: int, first_s: float, max_s: float) -> float:
+    """The one backoff of the client's retries (batches, plain requests, the call stream's
+    reconnections and resends): ``first_s`` doubling per attempt up to ``max_s``, times a jitter
+    in [0.5, 1) so that the retries of one failure do not arrive together."""
+    base = min(max_s, first_s * 2 ** min(32, max(0, attempt - 1)))
+    return base * random.uniform(0.5, 1.0)
 
 
 @dataclass(frozen=True, slots=True)

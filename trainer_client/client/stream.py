@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import logging
 import os
-import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from protocol import Call, ErrorKind, Result, decode_calls, encode, new_call_id
 from protocol.messages import result_from_dict
+from trainer_client.client.policies import backoff_delay
 from trainer_client.client.routing import INSTANCE_HEADER
 from trainer_client.client.tool_client import TOKEN_ENV
 
@@ -391,8 +391,7 @@ class StreamClient:
         task.add_done_callback(self._retries.discard)
 
     def _backoff(self, attempt: int) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * 2 ** min(32, max(0, attempt - 1)))
-        return base * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt, self.backoff_s, self.max_backoff_s)
 
     def _restarted(self, instance: str | None) -> None:
         """The server process changed: what was on the wire may have run there; it is not resent."""
