@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "latest_checkpoint",
+    "load_checkpoint",
+    "restore_trainer_state",
+    "save_checkpoint",
+    "trainer_state",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,3 +81,44 @@ def load_checkpoint(path: Path, model: Any) -> dict[str, Any]:
     weights = AutoModelForCausalLM.from_pretrained(path, dtype=next(model.parameters()).dtype)
     model.load_state_dict(weights.state_dict())
     return state
+
+
+def trainer_state(trainer: Any) -> dict[str, Any]:
+    """What a ``GRPOTrainer`` saves beside its model: optimizer, step, data cursor, RNG states,
+    elapsed time and, with a curriculum, its windows and each level's cursor."""
+    state = {
+        "optimizer": trainer.optimizer.state_dict(),
+        "step": trainer.step,
+        "epoch": trainer.epoch,
+        "cursor": trainer.cursor,
+        "order": trainer.order,
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "elapsed_s": trainer.elapsed_s(),
+    }
+    if trainer.curriculum is not None:
+        state["curriculum"] = {
+            **trainer.curriculum.state_dict(),
+            "cursors": dict(trainer.level_cursors),
+            "epochs": dict(trainer.level_epochs),
+        }
+    return state
+
+
+def restore_trainer_state(trainer: Any, state: dict[str, Any]) -> None:
+    """``trainer_state``'s inverse, on a trainer whose model is already loaded."""
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.step, trainer.epoch, trainer.cursor = (
+        int(state["step"]),
+        int(state["epoch"]),
+        int(state["cursor"]),
+    )
+    trainer.order = list(state["order"])
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    trainer.elapsed_before_s = float(state.get("elapsed_s", 0.0))
+    if trainer.curriculum is not None and "curriculum" in state:
+        saved = state["curriculum"]
+        trainer.curriculum.load_state_dict(saved)
+        trainer.level_cursors = {int(k): int(v) for k, v in saved.get("cursors", {}).items()}
+        trainer.level_epochs = {int(k): int(v) for k, v in saved.get("epochs", {}).items()}

@@ -24,11 +24,11 @@ Pure Python, no torch: it is unit-tested on a fake success stream.
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["LevelCurriculum"]
+__all__ = ["LevelCurriculum", "level_curriculum", "next_of_level"]
 
 
 class LevelCurriculum:
@@ -95,3 +95,40 @@ class LevelCurriculum:
             if int(key) in self.recent:
                 self.recent[int(key)].extend(float(v) for v in values)
         self.promoted_at = {int(k): int(v) for k, v in (state.get("promoted_at") or {}).items()}
+
+
+def level_curriculum(levels: Sequence[Any], config: Any) -> tuple[LevelCurriculum, dict[int, list[int]]]:
+    """The curriculum of a training set whose rows have these ``levels`` (``extra_info.level``),
+    with ``config``'s ``curriculum_*`` settings, and the row indices of each level."""
+    missing = sum(level is None for level in levels)
+    if missing:
+        raise ValueError(
+            f"curriculum needs every training row's extra_info.level, and {missing} of {len(levels)} "
+            "rows have none: build environment rows with python -m tools.data build --tasks env:..., "
+            "or train without --curriculum"
+        )
+    tasks_of_level: dict[int, list[int]] = defaultdict(list)
+    for index, level in enumerate(levels):
+        tasks_of_level[int(level)].append(index)
+    curriculum = LevelCurriculum(
+        tasks_of_level,
+        promote_at=config.curriculum_promote_at,
+        window=config.curriculum_window,
+        review=config.curriculum_review,
+    )
+    return curriculum, tasks_of_level
+
+
+def next_of_level(
+    indices: Sequence[int], level: int, cursors: dict[int, int], epochs: dict[int, int], seed: int
+) -> int:
+    """The next row of ``level`` in that level's own shuffled order, reshuffled each pass;
+    ``cursors`` and ``epochs`` (the trainer's, saved in its checkpoints) move on."""
+    cursor = cursors.get(level, 0)
+    if cursor >= len(indices):
+        epochs[level] = epochs.get(level, 0) + 1
+        cursor = 0
+    order = list(indices)
+    random.Random(f"{seed}:level:{level}:{epochs.get(level, 0)}").shuffle(order)
+    cursors[level] = cursor + 1
+    return order[cursor]

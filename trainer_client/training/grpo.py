@@ -7,7 +7,9 @@ debugged and shown to learn before a cluster run. The algorithm pieces are veRL'
 policy loss, ``kl_penalty`` and ``agg_loss`` with veRL's global token normalization.
 
 Read it top to bottom: the config, the batch, the advantages, the loss, then the trainer,
-whose ``train()`` is the loop. One step:
+whose ``train()`` is the loop. What is not the loop lives beside it: ``step_metrics`` (where a
+step's time goes, per-kind figures), ``curriculum`` (which levels a step draws from),
+``checkpoints`` (the state a rerun resumes from). One step:
 
 1. **Rollout**: ``prompts_per_step`` prompts, each ``group_size`` times, through the
    rollout core (generate -> parse -> call tools over HTTP -> splice observations with
@@ -51,7 +53,7 @@ import random
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,10 +79,17 @@ from trainer_client.rollout.summary import (
     trajectory_stats,
 )
 from trainer_client.templates.render import openai_tool_schemas, prompt_tools
-from trainer_client.training.checkpoints import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer_client.training.checkpoints import (
+    latest_checkpoint,
+    load_checkpoint,
+    restore_trainer_state,
+    save_checkpoint,
+    trainer_state,
+)
 from trainer_client.training.config import GRPOConfig
-from trainer_client.training.curriculum import LevelCurriculum
+from trainer_client.training.curriculum import LevelCurriculum, level_curriculum, next_of_level
 from trainer_client.training.logprobs import response_logprobs, shared_prefix
+from trainer_client.training.step_metrics import INVOKER_PHASES, PhaseClock, Timed, per_kind_stats, task_kind
 
 __all__ = [
     "GRPOConfig",
@@ -93,6 +102,7 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_kind = task_kind  # the name tests/trainer/training/test_grpo.py imports
 
 
 # --------------------------------------------------------------------------- configuration
@@ -267,104 +277,8 @@ def policy_loss_terms(
     return loss, metrics
 
 
-# --------------------------------------------------------------------------- where a step's time goes
-
-PHASES = ("generate", "tools", "verify")  # by priority: while one is in flight, the time is its
-
-
-class PhaseClock:
-    """A step's rollout wall time split by what was in flight: generation, else tool calls
-    (and session binding/release), else verification; ``other`` is the rest (parsing,
-    splicing, the event loop). Trajectories overlap, so per-trajectory sums would count the
-    same second many times; this split adds up to the rollout's wall time."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.busy = dict.fromkeys(PHASES, 0)
-        self.seconds = dict.fromkeys((*PHASES, "other"), 0.0)
-        self._since = time.perf_counter()
-
-    def _tick(self) -> None:
-        now = time.perf_counter()
-        phase = next((p for p in PHASES if self.busy[p]), "other")
-        self.seconds[phase] += now - self._since
-        self._since = now
-
-    @contextlib.contextmanager
-    def _in(self, phase: str) -> Iterator[None]:
-        self._tick()
-        self.busy[phase] += 1
-        try:
-            yield
-        finally:
-            self._tick()
-            self.busy[phase] -= 1
-
-    async def timed(self, phase: str, awaitable: Awaitable[Any]) -> Any:
-        with self._in(phase):
-            return await awaitable
-
-    def split(self) -> dict[str, float]:
-        """Seconds per phase since ``reset``."""
-        self._tick()
-        return dict(self.seconds)
-
-
-class _Timed:
-    """A generator or tool client whose named coroutine methods count towards a ``PhaseClock``
-    phase; every other attribute is the wrapped object's."""
-
-    def __init__(self, inner: Any, clock: PhaseClock, phases: dict[str, str]) -> None:
-        self._inner, self._clock, self._phases = inner, clock, phases
-
-    def __getattr__(self, name: str) -> Any:
-        attribute = getattr(self._inner, name)
-        phase = self._phases.get(name)
-        if phase is None:
-            return attribute
-
-        async def timed(*args: Any, **kwargs: Any) -> Any:
-            return await self._clock.timed(phase, attribute(*args, **kwargs))
-
-        return timed
-
-
-INVOKER_PHASES = {
-    "call_tools": "tools",
-    "create_session": "tools",
-    "release_session": "tools",
-    "verify": "verify",
-}
-
-
 # --------------------------------------------------------------------------- the trainer
-
-
-def _kind(task: Task | None) -> str:
-    """A held-out task's group in the per-kind success: its ``kind`` (built-in tasks) or
-    its environment ``level``."""
-    metadata = task.metadata if task else {}
-    if metadata.get("kind"):
-        return str(metadata["kind"])
-    return f"level_{metadata['level']}" if metadata.get("level") is not None else "all"
-
-
-def per_kind_stats(trajectories: Sequence[Trajectory], threshold: float, group_size: int) -> dict[str, float]:
-    """Reward, success and prompt count per problem kind or environment level of a step
-    (``success/<kind>``, ``reward_of/<kind>``, ``prompts/<kind>``); none for untagged rows."""
-    by_kind: dict[str, list[float]] = defaultdict(list)
-    for t in trajectories:
-        by_kind[_kind(t.task)].append(float(t.reward_score or 0.0))
-    out: dict[str, float] = {}
-    for kind, rewards in sorted(by_kind.items()):
-        if kind == "all":
-            continue
-        out[f"success/{kind}"] = sum(r >= threshold for r in rewards) / len(rewards)
-        out[f"reward_of/{kind}"] = sum(rewards) / len(rewards)
-        out[f"prompts/{kind}"] = float(len(rewards) // max(1, group_size))
-    return out
+# (where a step's time goes and its per-kind figures: training/step_metrics.py)
 
 
 class GRPOTrainer:
@@ -460,29 +374,15 @@ class GRPOTrainer:
         return autocast(self.model.device, self.compute_dtype)
 
     def _core(self, rollout: RolloutConfig) -> RolloutCore:
-        generator = _Timed(self.generator, self.clock, {"generate": "generate"})
-        invoker = _Timed(self.invoker, self.clock, INVOKER_PHASES)
+        generator = Timed(self.generator, self.clock, {"generate": "generate"})
+        invoker = Timed(self.invoker, self.clock, INVOKER_PHASES)
         return RolloutCore(self.tokenizer, generator, invoker, rollout, verifier=invoker)
 
     def _curriculum(self) -> LevelCurriculum:
-        cfg = self.config
-        levels = [t.metadata.get("level") for t in self.train_tasks]
-        missing = sum(level is None for level in levels)
-        if missing:
-            raise ValueError(
-                f"curriculum needs every training row's extra_info.level, and {missing} of {len(levels)} "
-                "rows have none: build environment rows with python -m tools.data build --tasks env:..., "
-                "or train without --curriculum"
-            )
-        self.tasks_of_level: dict[int, list[int]] = defaultdict(list)
-        for index, level in enumerate(levels):
-            self.tasks_of_level[int(level)].append(index)
-        return LevelCurriculum(
-            self.tasks_of_level,
-            promote_at=cfg.curriculum_promote_at,
-            window=cfg.curriculum_window,
-            review=cfg.curriculum_review,
+        curriculum, self.tasks_of_level = level_curriculum(
+            [t.metadata.get("level") for t in self.train_tasks], self.config
         )
+        return curriculum
 
     # ------------------------------------------------------------------ the loop
 
@@ -702,7 +602,7 @@ class GRPOTrainer:
         trajectories = await core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
         by_kind: dict[str, list[float]] = defaultdict(list)
         for t in trajectories:
-            by_kind[_kind(t.task)].append(float((t.reward_score or 0.0) >= cfg.success_threshold))
+            by_kind[task_kind(t.task)].append(float((t.reward_score or 0.0) >= cfg.success_threshold))
         per_kind = (
             {f"success/{k}": sum(v) / len(v) for k, v in sorted(by_kind.items())} if len(by_kind) > 1 else {}
         )
@@ -783,15 +683,10 @@ class GRPOTrainer:
 
     def _next_of_level(self, level: int) -> Task:
         """The next task of ``level`` in that level's own shuffled order (reshuffled each pass)."""
-        indices = self.tasks_of_level[level]
-        cursor = self.level_cursors.get(level, 0)
-        if cursor >= len(indices):
-            self.level_epochs[level] = self.level_epochs.get(level, 0) + 1
-            cursor = 0
-        order = list(indices)
-        random.Random(f"{self.config.seed}:level:{level}:{self.level_epochs.get(level, 0)}").shuffle(order)
-        self.level_cursors[level] = cursor + 1
-        return self.train_tasks[order[cursor]]
+        index = next_of_level(
+            self.tasks_of_level[level], level, self.level_cursors, self.level_epochs, self.config.seed
+        )
+        return self.train_tasks[index]
 
     def elapsed_s(self) -> float:
         """Wall time of the run so far, resumed processes included."""
@@ -812,28 +707,12 @@ class GRPOTrainer:
 
     def save_checkpoint(self) -> Path:
         """Model (HF format), optimizer, data cursor and RNG states under checkpoints/step_N."""
-        state = {
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-            "epoch": self.epoch,
-            "cursor": self.cursor,
-            "order": self.order,
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "elapsed_s": self.elapsed_s(),
-        }
-        if self.curriculum is not None:
-            state["curriculum"] = {
-                **self.curriculum.state_dict(),
-                "cursors": dict(self.level_cursors),
-                "epochs": dict(self.level_epochs),
-            }
         return save_checkpoint(
             self.out_dir,
             self.step,
             model=self.model,
             tokenizer=self.tokenizer,
-            state=state,
+            state=trainer_state(self),
             keep=self.config.keep_checkpoints,
         )
 
@@ -841,16 +720,6 @@ class GRPOTrainer:
         path = latest_checkpoint(self.out_dir)
         if path is None:
             return
-        state = load_checkpoint(path, self.model)  # the reference model stays the run's starting point
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.epoch, self.cursor = int(state["step"]), int(state["epoch"]), int(state["cursor"])
-        self.order = list(state["order"])
-        torch.set_rng_state(state["torch_rng"])
-        random.setstate(state["python_rng"])
-        self.elapsed_before_s = float(state.get("elapsed_s", 0.0))
-        if self.curriculum is not None and "curriculum" in state:
-            saved = state["curriculum"]
-            self.curriculum.load_state_dict(saved)
-            self.level_cursors = {int(k): int(v) for k, v in saved.get("cursors", {}).items()}
-            self.level_epochs = {int(k): int(v) for k, v in saved.get("epochs", {}).items()}
+        # the reference model stays the run's starting point: only the policy is loaded
+        restore_trainer_state(self, load_checkpoint(path, self.model))
         logger.info("resumed from %s at step %d", path, self.step)
