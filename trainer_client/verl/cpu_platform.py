@@ -173,7 +173,11 @@ class PlatformCPU(PlatformBase):
         return None
 
 
-if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME:
+# TOOLFACTORY_VERL_CPU_PATCHES=0 leaves veRL unpatched (tests/verl/test_cpu_platform.py shows each
+# patch is needed).
+if os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM_NAME and (
+    os.environ.get("TOOLFACTORY_VERL_CPU_PATCHES", "1") != "0"
+):
     from trainer_client.verl import cpu_patches
 
     cpu_patches.apply()
