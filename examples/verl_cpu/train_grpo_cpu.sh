@@ -11,7 +11,8 @@
 # --search-few-shot 2 --out "$DATA_DIR".
 # Run it with the project's python first on PATH (source .venv/bin/activate).
 set -euo pipefail
-MODEL=${MODEL:-$(python -c "from trainer_client.backends.models import resolve_model_path as r; print(r('smollm2'))")}
+# the packaged SmolLM2-135M-Instruct (written to the cache on first use), else the Hub's
+MODEL=${MODEL:-$(python -c "from trainer_client.backends.models import resolve_model_path as r; print(r('smollm2'))" 2>/dev/null || echo HuggingFaceTB/SmolLM2-135M-Instruct)}
 TASK_DATA=${TASK_DATA:-search_qa}
 N_GPUS=1
 PROMPT_LENGTH=${PROMPT_LENGTH:-512}
@@ -25,7 +26,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 # DEVICE=cuda runs the same recipe on veRL's CUDA platform with vLLM from this environment
 # (bench/engines/gpu_check.sh does, when a GPU answers).
 DEVICE=${DEVICE:-cpu}
-if [[ "$DEVICE" == cpu ]]; then
+if [[ "$DEVICE" == cpu && "${DRY_RUN:-0}" != 1 ]]; then
     export VERL_PLATFORM=cpu
     OVERLAY=${OVERLAY:-$(python -m trainer_client.verl.vllm_overlay "${TMPDIR:-/tmp}/toolfactory-vllm-overlay")}
     export PYTHONPATH="$OVERLAY${PYTHONPATH:+:$PYTHONPATH}"
