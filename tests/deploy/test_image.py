@@ -307,11 +307,6 @@ def test_sigterm_loses_no_call_in_flight_over_post(drained: Drained) -> None:
     assert drained.exit_code in (0, 143), drained.exit_code
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 36 point 5: on SIGTERM /v1/stream closes with 1012 before the calls it carries "
-    "finish (POSTs get theirs); the fix is under way",
-)
 def test_sigterm_loses_no_call_in_flight_over_the_stream(drained: Drained) -> None:
     assert len(drained.stream) == 2, f"answers lost; the stream closed: {drained.stream_closed}"
     for result in drained.stream.values():
