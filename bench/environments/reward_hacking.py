@@ -77,7 +77,9 @@ def main() -> None:
     before = _side(export_ref(args.base, "tools", "protocol"))
     print("scoring with this tree's reward ...", file=sys.stderr, flush=True)
     after = _side(None)
-    print(f"| family | max before ({args.base}) | max failing before | max now | max failing now | trajectories |")
+    print(
+        f"| family | max before ({args.base}) | max failing before | max now | max failing now | trajectories |"
+    )
     print("|---|---|---|---|---|---|")
     for family in sorted(after, key=lambda f: (f.startswith("honest"), f)):
         b, a = before.get(family, {}), after[family]
@@ -86,7 +88,9 @@ def main() -> None:
             f"| {a['max']:.3f} | {a['max_failed']:.3f} | {a['n']} |"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"base": args.base, "before": before, "after": after}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"base": args.base, "before": before, "after": after}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -269,14 +269,13 @@ def _tasks(
     return tasks
 
 
-def _env_task(raw: dict[str, Any], task_id: str, writes: set[str]) -> EnvTask:
+def _env_task(raw: dict[str, Any], task_id: str) -> EnvTask:
     calls = [
         GoldCall(c["name"], c["arguments"], c["id"], list(c.get("depends_on", [])), c.get("compare"))
         for c in raw["calls"]
     ]
     used = sorted({c.name for c in calls})
     answer = raw.get("answer") or None
-    changes = any(c.name in writes for c in calls)
     return EnvTask(
         id=task_id,
         prompt=[{"role": "user", "content": raw["prompt"]}],
@@ -308,12 +307,11 @@ def _deploy(
 ) -> None:
     docs = [t for t in documents["tools"] if t["name"] in sources]
     source = assemble_source({t["name"]: sources[t["name"]] for t in docs})
-    writes = {t["name"] for t in docs if t["writes"]}
     counters: dict[int, int] = {}
     tasks = []
     for raw in raw_tasks:
         counters[raw["level"]] = counters.get(raw["level"], 0) + 1
-        tasks.append(_env_task(raw, f"l{raw['level']}-{counters[raw['level']]}", writes))
+        tasks.append(_env_task(raw, f"l{raw['level']}-{counters[raw['level']]}"))
     if config.extend_toolset:
         tasks += extend_toolset(tasks, list(sources), report.log("toolset extension"))
     info = PackInfo(
