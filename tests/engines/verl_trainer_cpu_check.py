@@ -78,7 +78,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "RAY_memory_monitor_refresh_ms": "0",
         }
         child = subprocess.Popen(
-            ["bash", str(SCRIPT), f"trainer.default_local_dir={work / 'checkpoints'}"],
+            ["bash", str(SCRIPT), f"trainer.default_local_dir={work / 'checkpoints'}", f"hydra.run.dir={work / 'hydra'}"],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # Ray's and vLLM's processes are stopped with its group below
         )  # fmt: skip
