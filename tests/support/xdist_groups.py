@@ -60,3 +60,10 @@ else:
 
         def _split_scope(self, nodeid: str) -> str:
             return module_or_group(nodeid)
+
+        def _assign_work_unit(self, node: object) -> None:
+            # the shared groups are the longest units (a vLLM server's start alone takes minutes
+            # on a loaded machine): first, so that they never make the tail (xdist orders by count)
+            for scope in [s for s in self.workqueue if not s.endswith(".py")]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
