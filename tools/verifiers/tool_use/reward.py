@@ -428,12 +428,11 @@ def _communicated(raw: Sequence[str], normal: Sequence[str], replies: Sequence[s
     numbers: list[float] = []
     for reply in replies:
         prose = _prose(reply)
-        tokens = _NUMBER.findall(prose)
-        values = {_number(t) for t in tokens} | set(_DATE_OR_ID.findall(prose))
-        if len(values - {None}) > allowance:
+        stated = [v for token in _NUMBER.findall(prose) if (v := _number(token)) is not None]
+        if len(set(stated)) + len(set(_DATE_OR_ID.findall(prose))) > allowance:
             continue
         said_parts.append(normalize_answer(prose))
-        numbers += [v for token in tokens if (v := _number(token)) is not None]
+        numbers += stated
     said = f" {' '.join(said_parts)} "
 
     def told(text: str, normal: str) -> bool:
