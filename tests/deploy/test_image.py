@@ -199,8 +199,17 @@ def run_calls(url: str, *calls: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def uid_slice(stack: Stack, name: str) -> range:
-    (found,) = re.findall(r"sandbox uids (\d+)-(\d+)", stack.logs(name))
-    return range(int(found[0]), int(found[1]) + 1)
+    """The slice the replica's running server claimed: its log's last claim. A replica that
+    compose restarted (``restart: unless-stopped``, seen once in a loaded full run) logged one
+    per start, and released the earlier claim with its process."""
+    logs = stack.logs(name)
+    found = re.findall(r"sandbox uids (\d+)-(\d+)", logs)
+    assert found, f"{name} logged no uid slice:\n{logs[-3000:]}"
+    if len(found) > 1:
+        restarts = stack.run("inspect", "--format", "{{.RestartCount}}", name).strip()
+        print(f"{name} started {len(found)} times (restarts: {restarts}):\n{logs[-3000:]}")
+    first, last = found[-1]
+    return range(int(first), int(last) + 1)
 
 
 def test_calls_through_the_published_port_need_the_token(stack: Stack) -> None:
