@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.envs.tau2 import reference
 from tools.envs.pack import Pack
 from tools.envs.tau2 import packs as tau2
 from tools.envs.tau2.domain import AGENT, USER, load_domain
@@ -29,8 +30,7 @@ def pack() -> Pack:
 def tau2_gold_hashes(task: Any) -> tuple[str, str, bool]:
     """τ²'s own environment after the task's initial state and gold actions: its two DB
     hashes, and whether every env assertion holds."""
-    source = load_domain("telecom")
-    env = source.new_environment(solo_mode=True)  # τ²'s get_environment: DBs read from the package
+    env = reference.environment("telecom", solo_mode=True)  # τ²'s get_environment, the package's DBs
     state = task.initial_state
     env.set_state(state.initialization_data, state.initialization_actions, state.message_history or [])
     for action in task.evaluation_criteria.actions:
