@@ -14,6 +14,7 @@ orchestrator builds it (each call answered by τ²'s own environment, loaded fro
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import json
 import sys
@@ -27,6 +28,7 @@ import httpx
 
 from protocol import decode_results
 from protocol.messages import new_user_call_id
+from tests.envs.tau2 import reference
 from tool_server.upstream.tools import schema_validator
 from tools.envs.pack import EnvTask, Pack
 from tools.envs.tau2.domain import load_domain
@@ -522,21 +524,16 @@ def _tau2_evaluator() -> tuple[Any, Any]:
     evaluator's LLM call. ``EvaluationType.ALL`` uses neither: of the registry only
     ``get_env_constructor(domain)``, which is what τ²'s registry registers for each domain
     (``register_domain`` in tau2/registry.py); of the LLM module nothing. So the module is
-    loaded against a registry that holds exactly those constructors and an LLM module whose
+    loaded against a registry that holds exactly those constructors (each over a fresh copy of
+    the package's DBs, loaded once: ``reference.py``) and an LLM module whose
     ``generate`` refuses; both are taken out of ``sys.modules`` again after the import.
     """
     if "tau2.evaluator.evaluator" not in sys.modules:
-        envs = {
-            "mock": "tau2.domains.mock.environment:get_environment",
-            "airline": "tau2.domains.airline.environment:get_environment",
-            "retail": "tau2.domains.retail.environment:get_environment",
-            "telecom": "tau2.domains.telecom.environment:get_environment_manual_policy",
-        }
 
         class Registry:
             def get_env_constructor(self, name: str) -> Any:
-                module, _, attr = envs[name].partition(":")
-                return getattr(importlib.import_module(module), attr)
+                # register_domain's get_environment (telecom's manual policy): reference.py
+                return functools.partial(reference.environment, name)
 
         def generate(*args: Any, **kwargs: Any) -> Any:
             raise RuntimeError("no LLM here: NL assertions are not evaluated (EvaluationType.ALL)")

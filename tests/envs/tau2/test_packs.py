@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from protocol import ErrorKind, ToolError, VerifyRequest, decode_results
+from tests.envs.tau2 import reference
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.envs.pack import EnvTask, GoldCall, Pack
 from tools.envs.tau2 import packs as tau2
@@ -27,7 +28,7 @@ from tools.envs.world import World
 from tools.verifiers.tool_use.reward import score
 
 Action = tuple[str, dict[str, Any]]
-# the gold_hashes fixture loads τ²'s own DB once per task (~0.5 s for airline on a quiet machine)
+# the gold_hashes fixture builds τ²'s own environment once per task
 pytestmark = pytest.mark.timeout(1200)
 # the "tables" domains; telecom (its phone, solo mode) has tests/envs/tau2/test_telecom.py
 DOMAINS = ("retail", "airline", "mock")
@@ -50,7 +51,7 @@ def tau2_task(domain: str, task_id: str) -> Any:
 def tau2_hash(domain: str, task_id: str, actions: list[Action]) -> str:
     """τ²'s DB hash after ``actions``, the way its evaluator builds the gold environment."""
     task = tau2_task(domain, task_id)
-    env = load_domain(domain).new_environment()  # a fresh DB read from the package
+    env = reference.environment(domain)  # τ²'s get_environment, a fresh copy of the package's DB
     state = task.initial_state
     if state is not None:
         env.set_state(
