@@ -2,8 +2,8 @@
 
 The simulated customer of a dual-control telecom task and τ²'s NL judge are SmolLM2-135M on
 vLLM's OpenAI server (CPU build, from .venv-vllm), reached through a real tool server's ``llm``
-tool. vLLM parses tool calls only with ``--enable-auto-tool-choice --tool-call-parser hermes``,
-so this module starts its own server with them (the package's shared one has none). A 135M
+tool. vLLM parses tool calls only with ``--enable-auto-tool-choice --tool-call-parser hermes``:
+the package's shared server (``conftest.vllm_server``) is started with them. A 135M
 model plays badly: these tests check the pipeline, not the score: the customer is asked with
 the phone's tools, the tool calls it makes are run as the user's on the session's world and
 judged by τ²'s verdict, and the NL judge's request reaches vLLM and its answer the verdict.
@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from tests.engines.conftest import started_vllm
 from tests.envs.tau2.parity import Call, Trajectory, served
 from tests.support.server import ServerProcess, running_server, server_config
 from tools.data.environments import task_row
@@ -36,19 +35,12 @@ from trainer_client.rollout.dataset import TaskRow
 
 pytestmark = pytest.mark.timeout(2400)
 ROAMING = "[mobile_data_issue]user_abroad_roaming_enabled_off[PERSONA:None]"
-TOOL_CALLS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 
 
 @pytest.fixture(scope="module")
-def vllm_with_tools() -> Iterator[LocalVLLMServer]:
-    with started_vllm(extra_args=TOOL_CALLS) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def tool_server(vllm_with_tools: LocalVLLMServer) -> Iterator[ServerProcess]:
+def tool_server(vllm_server: LocalVLLMServer) -> Iterator[ServerProcess]:
     """The ``llm`` tool and τ²'s NL judge on vLLM; dual-control telecom and mock's actionless tasks."""
-    llm = {"base_url": vllm_with_tools.url + "/v1", "model": "smollm2", "max_tokens": 96, "timeout_s": 300}
+    llm = {"base_url": vllm_server.url + "/v1", "model": "smollm2", "max_tokens": 96, "timeout_s": 300}
     config = server_config(
         tools=[{"target": "tools.llm:LlmTool", "args": llm}],
         environments=[

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from safetensors import safe_open
 
-from tests.engines.conftest import reload_weights
+from tests.engines.conftest import SERVED_DTYPE, reload_weights
 from tests.support.openai_server import dead_url
 from tests.support.require import require
 
@@ -35,11 +35,12 @@ from trainer_client.training.vllm_policy import save_for_vllm  # noqa: E402
 # The server may take minutes to start on a loaded machine (the first test pays for it).
 pytestmark = pytest.mark.timeout(1800)
 
-# vLLM computes in bfloat16, our HF forward in float32: per-token log-probs of the same ids
-# differ by numerics. Measured on SmolLM2-135M (temperature 0.7, 4 multi-turn trajectories,
-# 296 model tokens): mean |diff| 0.008, 95th percentile 0.07, max 0.15. The bounds leave
-# room for other samples; a missing temperature, a wrong token or an off-by-one alignment
-# gives a mean |diff| of 0.3 and more.
+# vLLM computes in SERVED_DTYPE (bfloat16 on a CPU with native bf16, else float32), our HF
+# forward in float32: per-token log-probs of the same ids differ by numerics. Measured on
+# SmolLM2-135M with vLLM in bfloat16 (temperature 0.7, 4 multi-turn trajectories, 296 model
+# tokens): mean |diff| 0.008, 95th percentile 0.07, max 0.15. The bounds hold for bfloat16 and
+# leave room for other samples; a missing temperature, a wrong token or an off-by-one
+# alignment gives a mean |diff| of 0.3 and more.
 MEAN_ABS_LOGPROB_TOLERANCE = 0.04
 P95_ABS_LOGPROB_TOLERANCE = 0.25
 
@@ -162,7 +163,7 @@ def test_concurrent_requests_each_get_their_own_seeded_sample(
         assert out.token_ids and out.log_probs is not None and len(out.log_probs) == len(out.token_ids)
     assert len({tuple(o.token_ids) for o in outs}) > 3  # other prompts or seeds: other samples
     # A seed makes a request reproducible where its batch is the same (here: alone). Not across
-    # concurrent batches: bfloat16 logits differ slightly with the batch's composition, and a
+    # concurrent batches: logits (bfloat16's most) differ slightly with the batch's composition, and a
     # near-tie may then sample another token (seen here once in a few runs).
     alone = [one(VLLMGenerator(vllm_server.url), prompts[0], params[0]) for _ in range(2)]
     assert alone[0].token_ids == alone[1].token_ids
@@ -312,7 +313,7 @@ def test_same_sampled_ids_give_the_same_trajectory_as_the_hf_path_and_close_logp
                 diffs.append(abs(v.response_logprobs[i] - float(trainer[0, i])))
     calls = sum(t.metrics.get("calls", 0) for t in on_vllm)
     mean, p95 = statistics.fmean(diffs), statistics.quantiles(diffs, n=20)[-1]
-    print(f"\nvLLM bf16 vs HF fp32 log-probs over {len(diffs)} model tokens ({calls} tool calls): "
+    print(f"\nvLLM {SERVED_DTYPE} vs HF fp32 log-probs over {len(diffs)} model tokens ({calls} tool calls): "
           f"mean |diff| {mean:.4f}, p95 {p95:.4f}, max {max(diffs):.4f}")  # fmt: skip
     assert mean < MEAN_ABS_LOGPROB_TOLERANCE and p95 < P95_ABS_LOGPROB_TOLERANCE
 
@@ -352,8 +353,8 @@ def test_reloaded_weights_are_the_ones_served_then_restored(
         to_new, to_stale, to_old = distance(changed), distance(stale_head), distance(model)
         print(f"\nreload took {seconds:.2f} s; mean |log-prob diff| to the changed model {to_new:.3f}, "
               f"to it with the old head {to_stale:.3f}, to the old model {to_old:.3f}")  # fmt: skip
-        # measured: 0.06 to the changed model (flatter logits: larger bf16 differences), 3.0 to it
-        # with the old head, 4.9 to the old model
+        # measured in bfloat16: 0.06 to the changed model (flatter logits: larger bf16
+        # differences), 3.0 to it with the old head, 4.9 to the old model
         assert to_new < 0.2 and 10 * to_new < min(to_stale, to_old)
     finally:
         reload_weights(vllm_server, packaged_weights)  # the other tests need the packaged weights
