@@ -289,7 +289,7 @@ def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedPr
         "--eval-data", str(data / "test.parquet"),
         "--out-dir", str(out),
         "--steps", str(steps),
-        "--prompts-per-step", "2",
+        "--prompts-per-step", "1",  # one group: KL and entropy give every step a gradient
         "--group-size", "2",
         "--micro-batch-size", "2",
         "--max-turns", "3",
@@ -299,7 +299,7 @@ def train(out: Path, url: str, data: Path, steps: int) -> subprocess.CompletedPr
         "--verifier", "weighted",
         "--verifier-args", json.dumps({"verifiers": {"math_equal": 1.0, "format": 0.1}}),
         "--eval-verifier", "math_equal",
-        "--eval-size", "2",
+        "--eval-size", "1",
         "--eval-every", "2",
         "--save-every", "2",
         "--kl-coef", "0.01",
