@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check (bench/engines/gpu_check.py): the HF backend and GRPO steps on CUDA, rollouts through a
 # real tool server, tokens/s and step times printed, a JSON summary written; then veRL's own trainer
-# on the CPU test's recipe (tests/engines/verl_trainer_cpu_check.py with TOOLFACTORY_VERL_DEVICE=cuda).
+# on the CPU test's recipe (tests/engines/test_verl_trainer_cpu.py with TOOLFACTORY_VERL_DEVICE=cuda).
 #
 #   bench/engines/gpu_check.sh [--device cuda|cpu] [--tiny] [--out FILE] ...   (--help: all flags)
 #
@@ -37,7 +37,7 @@ status=0
 # a CUDA device answers and this interpreter has vLLM and pytest; GPU_CHECK_VERL_TRAINER=0 skips it.
 if [[ "${GPU_CHECK_VERL_TRAINER:-1}" != 0 ]] && "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
   if "$PYTHON" -c 'import vllm, pytest' 2>/dev/null; then
-    TOOLFACTORY_VERL_DEVICE=cuda "$PYTHON" -m pytest -q -s -p no:cacheprovider tests/engines/verl_trainer_cpu_check.py || status=1
+    TOOLFACTORY_VERL_DEVICE=cuda "$PYTHON" -m pytest -q -s -p no:cacheprovider tests/engines/test_verl_trainer_cpu.py || status=1
   else
     echo "gpu_check.sh: veRL trainer check skipped: $PYTHON cannot import vllm and pytest" >&2
   fi

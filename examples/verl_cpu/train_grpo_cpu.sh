@@ -17,7 +17,7 @@ TASK_DATA=${TASK_DATA:-search_qa}
 N_GPUS=1
 PROMPT_LENGTH=${PROMPT_LENGTH:-512}
 RESPONSE_LENGTH=${RESPONSE_LENGTH:-256}
-LOG_PROB_MICRO_BATCH=4
+LOG_PROB_MICRO_BATCH=6  # divides rollout.n (veRL asserts it)
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 # veRL's "cpu" platform (trainer_client/verl/cpu_platform.py, loaded by the verl.plugins entry
@@ -26,6 +26,19 @@ source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 # DEVICE=cuda runs the same recipe on veRL's CUDA platform with vLLM from this environment
 # (bench/engines/gpu_check.sh does, when a GPU answers).
 DEVICE=${DEVICE:-cpu}
+# On a CPU without native bf16 (AVX512-BF16/AMX) veRL's FSDP computes in float32 (its default is
+# bf16, which such a CPU emulates: one 768x576x1536 matmul took 31 ms in fp32, 1,757 ms in bf16 on
+# an AVX2 machine); trainer_client.backends.vllm_server.cpu_dtype decides. The replica stays bf16:
+# vLLM 0.32's CPU float32 linear layers lose `weight_loader` after loading, so veRL's weight push
+# fails there ('Parameter' object has no attribute 'weight_loader', linear.py:1341).
+CPU_SETTINGS=()
+if [[ "$DEVICE" == cpu ]]; then
+    CPU_DTYPE=$(python -c "from trainer_client.backends.vllm_server import cpu_dtype; print(cpu_dtype())" 2>/dev/null || echo bfloat16)
+    CPU_SETTINGS=(
+        +actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype="$CPU_DTYPE"
+        +actor_rollout_ref.ref.fsdp_config.mixed_precision.param_dtype="$CPU_DTYPE"
+    )
+fi
 if [[ "$DEVICE" == cpu && "${DRY_RUN:-0}" != 1 ]]; then
     export VERL_PLATFORM=cpu
     OVERLAY=${OVERLAY:-$(python -m trainer_client.verl.vllm_overlay "${TMPDIR:-/tmp}/toolfactory-vllm-overlay")}
@@ -35,7 +48,12 @@ export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} HF_HUB_OFFLINE=1 VLLM
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false
 CPUS=${CPUS:-2}
 
-run_verl "${TOOLFACTORY_GRPO[@]}" \
+# rollout.n=6: at temperature 1.0 SmolLM2-135M follows the worked examples' <search> about one
+# time in four (at 0.7 always, but then its rollouts all earn the same reward); six per step make
+# a spliced observation and a reward spread likely in two steps.
+# reward.num_workers=1: the reward comes from the tool server inside the agent loop; veRL's
+# default 8 reward-loop workers (~0.7 GB each, 5.4 GB in all) would only pass it on.
+run_verl "${TOOLFACTORY_GRPO[@]}" "${CPU_SETTINGS[@]}" \
     trainer.use_v1=False \
     trainer.device="$DEVICE" \
     actor_rollout_ref.actor.strategy=fsdp2 \
@@ -45,11 +63,12 @@ run_verl "${TOOLFACTORY_GRPO[@]}" \
     actor_rollout_ref.ref.fsdp_config.use_torch_compile=False \
     ray_kwargs.ray_init.num_cpus="$CPUS" \
     +ray_kwargs.ray_init.include_dashboard=False \
+    reward.num_workers=1 \
     data.train_batch_size=1 \
     data.dataloader_num_workers=0 \
-    actor_rollout_ref.rollout.n=4 \
+    actor_rollout_ref.rollout.n=6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=1 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6 \
     actor_rollout_ref.actor.optim.lr=5e-5 \
     actor_rollout_ref.actor.use_torch_compile=False \
     actor_rollout_ref.ref.use_torch_compile=False \

@@ -2,7 +2,7 @@
 (cpu_patches.py), each checked in a fresh interpreter with ``VERL_PLATFORM=cpu`` on the veRL
 function it stands in for, and shown needed: with ``TOOLFACTORY_VERL_CPU_PATCHES=0`` each
 check fails as veRL fails on the CPU (docs/engines.md lists veRL's file:line). The whole
-trainer on the CPU is tests/engines/verl_trainer_cpu_check.py; the Ray-side patches (resource
+trainer on the CPU is tests/engines/test_verl_trainer_cpu.py; the Ray-side patches (resource
 check, accelerator ids) are exercised there."""
 
 from __future__ import annotations
