@@ -17,7 +17,7 @@ TASK_DATA=${TASK_DATA:-search_qa}
 N_GPUS=1
 PROMPT_LENGTH=${PROMPT_LENGTH:-512}
 RESPONSE_LENGTH=${RESPONSE_LENGTH:-256}
-LOG_PROB_MICRO_BATCH=6  # divides rollout.n (veRL asserts it)
+LOG_PROB_MICRO_BATCH=2  # divides rollout.n (veRL asserts it)
 source "$(dirname "${BASH_SOURCE[0]}")/../common.sh"
 
 # veRL's "cpu" platform (trainer_client/verl/cpu_platform.py, loaded by the verl.plugins entry
@@ -51,7 +51,8 @@ CPUS=${CPUS:-2}
 # rollout.n=6: at temperature 1.0 SmolLM2-135M follows the worked examples' <search> about one
 # time in four (at 0.7 always, but then its rollouts all earn the same reward); six per step make
 # a spliced observation and a reward spread likely in two steps.
-# reward.num_workers=1: the reward comes from the tool server inside the agent loop; veRL's
+# Micro-batches of 2: in float32 six 768-token sequences at once peaked at 13 GB in the actor
+# (kernel OOM kill beside a test suite). reward.num_workers=1: the reward comes from the tool server inside the agent loop; veRL's
 # default 8 reward-loop workers (~0.7 GB each, 5.4 GB in all) would only pass it on.
 run_verl "${TOOLFACTORY_GRPO[@]}" "${CPU_SETTINGS[@]}" \
     trainer.use_v1=False \
@@ -68,7 +69,7 @@ run_verl "${TOOLFACTORY_GRPO[@]}" "${CPU_SETTINGS[@]}" \
     data.dataloader_num_workers=0 \
     actor_rollout_ref.rollout.n=6 \
     actor_rollout_ref.actor.ppo_mini_batch_size=1 \
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=6 \
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 \
     actor_rollout_ref.actor.optim.lr=5e-5 \
     actor_rollout_ref.actor.use_torch_compile=False \
     actor_rollout_ref.ref.use_torch_compile=False \

@@ -26,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     if DEVICE == "cpu":
         require_vllm()  # the CPU build, from .venv-vllm (on CUDA: vLLM in this environment)
     work = tmp_path_factory.mktemp("verl-cpu")
+    short_tmp = Path(tempfile.mkdtemp(prefix="verl-", dir="/tmp"))
     # A private copy of the model: other tests may rewrite the shared cache while this runs.
     model = shutil.copytree(resolve_model_path("smollm2"), work / "model")
     subprocess.run(
@@ -74,7 +76,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "MODEL": str(model),
             "STEPS": str(STEPS),
             "DEVICE": DEVICE,
-            "TMPDIR": str(work),
+            # Ray's sockets live under $TMPDIR/ray/session_<date>_<pid>/sockets: under xdist's
+            # .../pytest-N/popen-gwK/verl-cpu0 they pass AF_UNIX's 107 bytes and Ray never starts
+            "TMPDIR": str(short_tmp),
             "TOOLFACTORY_VERL_PROBE": str(probe),
             "RAY_DEDUP_LOGS": "0",
             # Ray's monitor kills workers at 95% of the *host's* memory, others' processes included
@@ -90,6 +94,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             output, _ = child.communicate(timeout=2100)
         finally:
             stop_group(child)
+            shutil.rmtree(short_tmp, ignore_errors=True)
     assert child.returncode == 0, output[-8000:]
     return {
         "log": output,
