@@ -12,16 +12,26 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-
-from trainer_client.client.records import Pending
+from typing import Any, Generic, Protocol, TypeVar
 
 __all__ = ["GRAIN_S", "Deadlines"]
+
+
+class Expiring(Protocol):
+    """What ``Deadlines`` keeps: ``records.Pending`` (ToolClient), ``stream._Pending`` (StreamClient)."""
+
+    deadline: float  # time.monotonic()
+    future: asyncio.Future[Any]
+    bucket: set[Any] | None  # set by Deadlines while the item is in one of its buckets
+
+
+Pending = TypeVar("Pending", bound=Expiring)
 
 GRAIN_S = 0.01
 _PER_S = round(1 / GRAIN_S)
 
 
-class Deadlines:
+class Deadlines(Generic[Pending]):
     """Pending items by deadline bucket; ``expire(item)`` runs for each one still here at its deadline."""
 
     def __init__(self, expire: Callable[[Pending], None]) -> None:

@@ -26,7 +26,8 @@ import contextlib
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -34,9 +35,12 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Event, State
 
-from protocol import Call, ErrorKind, Result, decode_calls, encode, new_call_id
-from protocol.messages import result_from_dict
+from protocol import Call, ErrorKind, Result, encode, new_call_id
+from protocol.messages import call_from_dict, result_from_dict
+from trainer_client.client.deadlines import Deadlines
 from trainer_client.client.policies import backoff_delay
 from trainer_client.client.routing import INSTANCE_HEADER
 from trainer_client.client.tool_client import TOKEN_ENV
@@ -56,11 +60,34 @@ class StreamClosed(RuntimeError):
 class _Pending:
     call: Call
     future: asyncio.Future[Result]
-    deadline: float  # loop time
+    deadline: float  # time.monotonic()
+    limit: float  # its timeout, in seconds (what a timeout's message says)
     frame: int  # the frame it was first sent in: resends keep a frame's calls together
     sent_on: int | None = None  # the connection it is on the wire on (None: not sent, or refused)
     retries: int = 0  # overloaded answers so far
     waiting: bool = False  # an overload retry will send it
+    bucket: set[_Pending] | None = None  # its deadline's bucket while pending (``Deadlines``)
+
+
+class _Connection(ClientConnection):
+    """websockets' client connection, handing each whole message to ``on_message`` as it is
+    parsed: no message queue, future or reader wake-up per answer. A fragmented message (the
+    tool server sends none; WebSocket allows them) and everything else go websockets' usual
+    way, to ``recv``."""
+
+    on_message: Callable[[bytes], None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        # A text or binary frame with FIN is a whole message (RFC 6455 5.4: no data frame
+        # other than a continuation comes while a fragmented message is in progress).
+        on_message = self.on_message
+        if on_message is not None and type(event) is Frame and event.fin and event.opcode in _WHOLE:
+            on_message(event.data)
+        else:
+            super().process_event(event)
+
+
+_WHOLE = frozenset({Opcode.TEXT, Opcode.BINARY})
 
 
 def stream_url(url: str) -> str:
@@ -122,11 +149,19 @@ class StreamClient:
         self._connection = 0  # counts connections: what ``_Pending.sent_on`` names
         self._frames = itertools.count()
         self._pending: dict[str, _Pending] = {}  # call_id -> its call; in the order sent
+        # Deadlines by 10 ms bucket, one timer per bucket: a timer per call was a visible share
+        # of the client's CPU per call.
+        self._deadlines: Deadlines[_Pending] = Deadlines(self._time_out)
+        # Frames for the wire, written together at the end of this turn of the event loop (one
+        # write, one system call, for every frame the callers woken in one turn send).
+        self._outbox: list[bytes] = []
+        self._flush_due = False
         self._releases: dict[str, asyncio.Future[bool]] = {}
         # session -> the server process its calls went to: after a restart its state is gone.
         # Forgotten on release.
         self._sessions: dict[str, str | None] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._heard = False  # the current connection has answered something
         self._retries: set[asyncio.Task[None]] = set()
         self._closed: StreamClosed | None = None
         # The largest frame sent on this connection (bytes, its calls): the one a close with
@@ -178,29 +213,35 @@ class StreamClient:
         self._check_open()
         if not calls:
             return []
+        for index, call in enumerate(calls):
+            # The server's own check of each call, on the call's fields: a ProtocolError (a
+            # ValueError) names the bad field, as the server's answer would.
+            call_from_dict(vars(call), index)
         frame_bytes = encode({"calls": list(calls)})
-        decode_calls(frame_bytes)  # a ProtocolError (a ValueError) names the bad field
+        # One lookup per call (``set.isdisjoint(dict)`` walked every call in flight).
         ids = {call.call_id for call in calls}
-        if len(ids) < len(calls) or not ids.isdisjoint(self._pending):
+        if len(ids) < len(calls) or any(call_id in self._pending for call_id in ids):
             raise ValueError("a call_id is used twice: each call in flight needs a call_id of its own")
         if self._reader is None:
             await self.connect()
         loop = asyncio.get_running_loop()
         limit = self.timeout_s if timeout_s is None else timeout_s
-        deadline = loop.time() + limit
+        deadline = time.monotonic() + limit
         frame = next(self._frames)
-        mine = [_Pending(call, loop.create_future(), deadline, frame) for call in calls]
+        # Deadlines by bucket, not asyncio.timeout: cancelling the await would cancel the future.
+        mine = [_Pending(call, loop.create_future(), deadline, limit, frame) for call in calls]
         for pending in mine:
             self._pending[pending.call.call_id] = pending
-        # A timer, not asyncio.timeout: cancelling the await would cancel the future it waits on.
-        timer = loop.call_at(deadline, self._time_out, mine, limit)
+            self._deadlines.add(pending)
         try:
             if self._ws is not None:
-                await self._send(self._ws, mine, frame_bytes)
+                self._send(mine, frame_bytes)
+            if len(mine) == 1:
+                return [await mine[0].future]
             return [await p.future for p in mine]
         finally:
-            timer.cancel()
             for pending in mine:
+                self._deadlines.discard(pending)
                 if self._pending.get(pending.call.call_id) is pending:
                     del self._pending[pending.call.call_id]
                 if pending.future.done() and not pending.future.cancelled():
@@ -217,7 +258,7 @@ class StreamClient:
         if answer is None:
             answer = self._releases[session] = asyncio.get_running_loop().create_future()
             if self._ws is not None:
-                await self._send_release(self._ws, session)
+                self._send_release(session)
         try:
             async with asyncio.timeout(self.timeout_s if timeout_s is None else timeout_s):
                 return await asyncio.shield(answer)
@@ -232,6 +273,9 @@ class StreamClient:
         if self._closed is not None:
             return
         self._fail_all(StreamClosed(f"StreamClient for {self.url} was closed with this call in flight"))
+        for _ in self._deadlines.drain():  # their timers
+            pass
+        self._outbox.clear()
         tasks = [task for task in (self._reader, *self._retries) if task is not None]
         for task in tasks:
             task.cancel()
@@ -251,25 +295,33 @@ class StreamClient:
                 open_timeout=self.open_timeout_s,
                 compression=None,  # JSON frames are small; deflate would cost CPU on both ends
                 max_size=None,  # answers are bounded by the server's limits on calls and output
+                create_connection=_Connection,
             )
         except InvalidStatus as exc:
             raise _refusal(self.url, exc) from None
+        assert isinstance(ws, _Connection)
+        ws.on_message = self._message
+        self._heard = False
         self._connection += 1
         self._largest = (0, [])
+        # Frames still waiting for the end of the turn were for the connection that is gone:
+        # their calls are resent below (they name that connection), its releases too.
+        self._outbox.clear()
         instance = ws.response.headers.get(INSTANCE_HEADER) if ws.response else None
         if self.instance is not None and instance != self.instance:
             self._restarted(instance)
         self.instance = instance
         # New calls wait (``_ws`` is None) until everything older is on the wire again: a
         # session's calls keep their order.
-        while unsent := [
+        unsent = [
             p
             for p in self._pending.values()
             if p.sent_on != self._connection and not p.waiting and not p.future.done()
-        ]:
-            await self._send(ws, unsent)
+        ]
+        self._send(unsent)
         for session in [s for s, answer in self._releases.items() if not answer.done()]:
-            await self._send_release(ws, session)
+            self._send_release(session)
+        self._write(ws)
         self._ws = ws
 
     async def _read(self) -> None:
@@ -293,9 +345,10 @@ class StreamClient:
             if ws is None:  # not after _open: it sets one
                 continue
             with contextlib.suppress(ConnectionClosed):
-                async for message in ws:
-                    attempt = 0
-                    self._answered(message)
+                async for message in ws:  # whole messages go to _message as they are parsed
+                    self._message(message)
+            if self._heard:
+                attempt = 0
             self._ws = None
             if ws.close_code == MESSAGE_TOO_BIG:
                 self._too_big(ws.close_reason or "")
@@ -303,11 +356,9 @@ class StreamClient:
             log.info("connection to %s lost (%s); reconnecting", self.url, ws.close_code)
             await asyncio.sleep(self._backoff(attempt))
 
-    async def _send(
-        self, ws: ClientConnection, pendings: list[_Pending], frame_bytes: bytes | None = None
-    ) -> None:
-        """Put calls on the wire, one frame per frame they were first sent in (``frame_bytes``:
-        that frame already encoded, when ``pendings`` are one frame's calls)."""
+    def _send(self, pendings: list[_Pending], frame_bytes: bytes | None = None) -> None:
+        """Queue calls for the current connection, one frame per frame they were first sent in
+        (``frame_bytes``: that frame already encoded, when ``pendings`` are one frame's calls)."""
         sendable = [p for p in pendings if not self._lost_session(p)]
         reuse = frame_bytes is not None and len(sendable) == len(pendings)
         for _, group in itertools.groupby(sendable, key=lambda p: p.frame):
@@ -323,14 +374,42 @@ class StreamClient:
             )
             if len(data) > self._largest[0]:
                 self._largest = (len(data), batch)
-            try:
-                await ws.send(data)
-            except ConnectionClosed:
-                return  # the reader reconnects and resends them
+            self._queue(data)
 
-    async def _send_release(self, ws: ClientConnection, session: str) -> None:
-        with contextlib.suppress(ConnectionClosed):  # resent once reconnected
-            await ws.send(orjson.dumps({"release": session}))
+    def _send_release(self, session: str) -> None:
+        self._queue(orjson.dumps({"release": session}))  # resent once reconnected if lost
+
+    def _queue(self, data: bytes) -> None:
+        self._outbox.append(data)
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        if self._ws is not None:
+            self._write(self._ws)
+        else:  # the connection is gone: its calls and releases are resent once reconnected
+            self._outbox.clear()
+
+    def _write(self, ws: ClientConnection) -> None:
+        """The frames queued, as binary messages in one write (what ``ws.send`` does for one,
+        through the same websockets protocol object). Nothing is written on a connection that
+        is closing: the reader reconnects and resends what it did not answer."""
+        frames, self._outbox = self._outbox, []
+        protocol = ws.protocol
+        if not frames or protocol.state is not State.OPEN or ws.transport.is_closing():
+            return
+        for data in frames:
+            protocol.send_binary(data)
+        ws.transport.write(b"".join(protocol.data_to_send()))
+
+    def _message(self, message: str | bytes) -> None:
+        self._heard = True
+        try:
+            self._answered(message)
+        except Exception:  # a malformed answer: said, and the connection goes on
+            log.exception("%s sent an answer that could not be read: %r", self.url, message[:200])
 
     def _answered(self, message: str | bytes) -> None:
         try:
@@ -371,7 +450,7 @@ class StreamClient:
     def _may_retry(self, pending: _Pending) -> bool:
         pending.retries += 1
         wait = self._backoff(pending.retries)
-        return asyncio.get_running_loop().time() + wait < pending.deadline
+        return time.monotonic() + wait < pending.deadline
 
     def _retry_later(self, pendings: list[_Pending]) -> None:
         """Resend overloaded calls after a backoff (nothing of them ran: the server refused them)."""
@@ -384,7 +463,7 @@ class StreamClient:
                 pending.waiting = False  # from here, a reconnection resends it too
             live = [p for p in pendings if self._pending.get(p.call.call_id) is p and p.sent_on is None]
             if live and self._ws is not None:
-                await self._send(self._ws, live)
+                self._send(live)
 
         task = asyncio.create_task(resend())
         self._retries.add(task)
@@ -434,11 +513,10 @@ class StreamClient:
             if not pending.future.done():
                 pending.future.set_result(Result.failure(pending.call.call_id, ErrorKind.TOO_LARGE, message))
 
-    def _time_out(self, pendings: list[_Pending], limit: float) -> None:
-        message = f"no answer from {self.url} within {limit:g} s (the call may still run there)"
-        for pending in pendings:
-            if not pending.future.done():
-                pending.future.set_result(Result.failure(pending.call.call_id, ErrorKind.TIMEOUT, message))
+    def _time_out(self, pending: _Pending) -> None:
+        """``Deadlines`` calls this for a call still unanswered at its deadline."""
+        message = f"no answer from {self.url} within {pending.limit:g} s (the call may still run there)"
+        pending.future.set_result(Result.failure(pending.call.call_id, ErrorKind.TIMEOUT, message))
 
     def _fail_all(self, error: StreamClosed) -> None:
         self._closed = error

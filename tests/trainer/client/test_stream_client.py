@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
+from websockets.asyncio.server import ServerConnection, serve
 
-from protocol import Call, ErrorKind, new_call_id, new_session_id
+from protocol import Call, ErrorKind, ProtocolError, new_call_id, new_session_id
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
 from trainer_client.client import StreamClient as Exported
 from trainer_client.client.stream import StreamClient, StreamClosed, stream_url
@@ -127,6 +129,75 @@ async def test_many_calls_in_flight_on_one_connection(server: ServerProcess) -> 
         assert not slow.done() and fast.structured["text"] == "overtakes"
         assert not (await slow).is_error
     assert [r.structured["text"] for r in results] == [str(i) for i in range(300)]
+
+
+async def test_calls_refused_before_sending_name_what_is_wrong(server: ServerProcess) -> None:
+    async with StreamClient(server.url, token=TOKEN) as client:
+        with pytest.raises(ProtocolError, match=r"calls\[1\]\.arguments must be an object"):
+            await client.call_many([Call(new_call_id(), "echo", {}), Call(new_call_id(), "echo", [1])])  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError, match=r"calls\[0\]\.call_id must be a non-empty string"):
+            await client.call_many([Call("x" * 257, "echo", {})])
+        twice = new_call_id()
+        with pytest.raises(ValueError, match="used twice"):
+            await client.call_many([Call(twice, "echo", {}), Call(twice, "echo", {})])
+        waiting = asyncio.create_task(client.call_many([Call(twice, "sleep", {"seconds": 0.5})]))
+        while twice not in client._pending:
+            await asyncio.sleep(0.01)
+        with pytest.raises(ValueError, match="used twice"):
+            await client.call_many([Call(twice, "echo", {})])  # the same id while it is in flight
+        (slept,) = await waiting
+        assert not slept.is_error
+        # arguments None is an empty object, as the server reads it
+        (echo,) = await client.call_many([Call(new_call_id(), "echo", None)])  # type: ignore[arg-type]
+        assert echo.error is None or echo.error.kind != ErrorKind.BAD_REQUEST
+
+
+async def test_frames_sent_in_one_turn_of_the_loop_go_out_in_one_write(server: ServerProcess) -> None:
+    async with StreamClient(server.url, token=TOKEN) as client:
+        await client.call("echo", {"text": "warm"})
+        assert client._ws is not None
+        transport = client._ws.transport
+        writes: list[bytes] = []
+        write = transport.write
+
+        def counted(data: bytes) -> None:
+            writes.append(bytes(data))
+            write(data)
+
+        transport.write = counted  # type: ignore[method-assign]
+        try:
+            results = await asyncio.gather(*(client.call("echo", {"text": str(i)}) for i in range(50)))
+        finally:
+            transport.write = write  # type: ignore[method-assign]
+    assert [r.structured["text"] for r in results] == [str(i) for i in range(50)]
+    assert len(writes) == 1  # 50 frames, one write: one system call, not 50
+
+
+async def test_fragmented_and_malformed_answers() -> None:
+    """A server may fragment a message (WebSocket allows it; tool-server does not): it is read
+    as a whole. An answer the client cannot read is logged and the connection goes on."""
+
+    async def handler(ws: ServerConnection) -> None:
+        async for frame in ws:
+            (call,) = orjson.loads(frame)["calls"]
+            answer = orjson.dumps(
+                {"results": [{"call_id": call["call_id"], "structured": call["arguments"]}]}
+            )
+            text = call["arguments"]["text"]
+            if text == "fragmented":
+                await ws.send([answer[:10], answer[10:]])  # two frames, one message
+            elif text == "after a malformed answer":
+                await ws.send(b'{"results": [1, "two"]}')  # items that are not results
+                await ws.send(answer)
+            else:
+                await ws.send(answer)
+
+    async with serve(handler, "127.0.0.1", 0, compression=None) as fake:
+        port = fake.sockets[0].getsockname()[1]
+        async with StreamClient(f"http://127.0.0.1:{port}", timeout_s=30) as client:
+            for text in ("whole", "fragmented", "after a malformed answer", "whole again"):
+                result = await client.call("echo", {"text": text})
+                assert result.structured == {"text": text}
 
 
 async def test_a_dropped_connection_is_reconnected_and_the_call_resent_without_running_twice(

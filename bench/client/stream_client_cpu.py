@@ -1,0 +1,224 @@
+"""``StreamClient``'s own CPU per call against a raw ``websockets`` client sending the same frames.
+
+One real replica (``tool-server serve``) in its own process; then client processes, one at a
+time, the sides interleaved (their order reversed every other round). Each runs ``--callers``
+closed-loop callers, each awaiting one echo call at a time, over ONE WebSocket to
+``/v1/stream``, until ``--calls`` calls are answered (after a tenth of that as warm-up), and
+reports its own CPU (user + system, ``getrusage``) per answered call. Sides:
+
+* ``stream``: this tree's ``StreamClient`` (``await client.call("echo", {"text": ...})``);
+* ``ref``: the same with ``StreamClient`` from ``git archive REF`` (``--ref``);
+* ``raw``: the floor for a client that shares one connection between callers: a ``websockets``
+  connection opened as ``StreamClient`` opens it (no compression, no size limit), the same
+  frames (``{"calls": [{"call_id", "name", "arguments"}]}``, orjson, binary), one reader
+  matching answers to futures by ``call_id`` and nothing else: no deadline, no resend, no
+  ``Result`` object.
+
+Every answer is checked on every side (its text is the one sent). The event loop is asyncio's
+default (``--uvloop``: uvloop's), the same for every side. Prints per side and caller count the
+lowest and the range of client µs per call, p50 latency, and the ratios stream/raw (ref/raw).
+
+    .venv/bin/python bench/client/stream_client_cpu.py [--callers 32,1024] [--calls 20000]
+        [--rounds 3] [--ref REF] [--uvloop]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+class Mismatch(RuntimeError):
+    """An answer that is not the echo of what was sent: the figures would not hold."""
+
+
+async def drive(call: Any, callers: int, warmup: int, total: int) -> dict[str, Any]:
+    """``callers`` loops of ``await call(text)`` (which checks its answer): ``warmup`` calls,
+    then ``total`` timed ones; the process's CPU over the timed ones."""
+    latencies: list[float] = []
+
+    async def phase(count: int, keep: bool) -> None:
+        counter = iter(range(count))
+
+        async def caller() -> None:
+            for i in counter:
+                t0 = time.perf_counter()
+                await call(f"t{i:011d}")
+                if keep:
+                    latencies.append(time.perf_counter() - t0)
+
+        await asyncio.gather(*(caller() for _ in range(callers)))
+
+    await phase(warmup, keep=False)
+    times0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    await phase(total, keep=True)
+    times, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
+    user, system = times.ru_utime - times0.ru_utime, times.ru_stime - times0.ru_stime
+    calls = max(1, len(latencies))
+    return {
+        "calls": len(latencies),
+        "client_us": (user + system) / calls * 1e6,
+        "system_us": system / calls * 1e6,  # the kernel's share: mostly sending on loopback
+        "calls_per_s": len(latencies) / wall,
+        "p50_ms": percentile(latencies, 0.5) * 1000,
+    }
+
+
+async def stream_side(url: str, tree: str, callers: int, warmup: int, total: int) -> dict[str, Any]:
+    sys.path.insert(0, tree)
+    from trainer_client.client.stream import StreamClient  # noqa: PLC0415 (from the side's tree)
+
+    async with StreamClient(url) as client:
+
+        async def call(text: str) -> None:
+            result = await client.call("echo", {"text": text})
+            if result.is_error or result.structured["text"] != text:
+                raise Mismatch(f"{text!r} answered {result!r}")
+
+        return await drive(call, callers, warmup, total)
+
+
+async def raw_side(url: str, callers: int, warmup: int, total: int) -> dict[str, Any]:
+    import orjson  # noqa: PLC0415
+    from websockets.asyncio.client import connect  # noqa: PLC0415
+
+    ws_url = "ws" + url.removeprefix("http") + "/v1/stream"
+    waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+    ids = itertools.count()
+    prefix = f"raw-{os.urandom(6).hex()}-"  # the server keeps answers by call_id: fresh ids every run
+    loop = asyncio.get_running_loop()
+    async with connect(ws_url, compression=None, max_size=None) as ws:
+
+        async def read() -> None:
+            async for message in ws:
+                for item in orjson.loads(message)["results"]:
+                    future = waiting.pop(item["call_id"], None)
+                    if future is not None:
+                        future.set_result(item)
+
+        async def call(text: str) -> None:
+            call_id = f"{prefix}{next(ids)}"
+            future = waiting[call_id] = loop.create_future()
+            frame = {"calls": [{"call_id": call_id, "name": "echo", "arguments": {"text": text}}]}
+            await ws.send(orjson.dumps(frame))
+            item = await future
+            if item.get("is_error") or item["structured"]["text"] != text:
+                raise Mismatch(f"{text!r} answered {item!r}")
+
+        reader = asyncio.create_task(read())
+        try:
+            return await drive(call, callers, warmup, total)
+        finally:
+            reader.cancel()
+
+
+def client_main(args: argparse.Namespace) -> None:
+    warmup = max(args.callers, args.calls // 10)
+    if args.side == "raw":
+        work = raw_side(args.url, args.callers, warmup, args.calls)
+    else:
+        work = stream_side(args.url, args.tree, args.callers, warmup, args.calls)
+    if args.uvloop:
+        import uvloop  # noqa: PLC0415
+
+        out = uvloop.run(work)
+    else:
+        out = asyncio.run(work)
+    print(json.dumps(out), flush=True)
+
+
+def run_side(side: str, tree: str, url: str, callers: int, args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--side", side, "--tree", tree, "--url", url]
+    command += ["--callers", str(callers), "--calls", str(args.calls)]
+    command += ["--uvloop"] if args.uvloop else []
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"the {side} client failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--callers", default="32,1024", help="caller counts, comma separated")
+    parser.add_argument("--calls", type=int, default=20_000, help="calls measured per run")
+    parser.add_argument("--rounds", type=int, default=3, help="runs per side and caller count")
+    parser.add_argument("--ref", help="also a git ref's StreamClient (e.g. before a change)")
+    parser.add_argument("--uvloop", action="store_true", help="uvloop's event loop in every client")
+    parser.add_argument("--side", help=argparse.SUPPRESS)  # a client process: stream or raw
+    parser.add_argument("--tree", default=str(REPO), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        args.callers = int(args.callers)
+        client_main(args)
+        return
+
+    sys.path.insert(0, str(REPO))
+    from bench.git_ref import export_ref  # noqa: PLC0415
+    from tests.support.server import running_server, server_config  # noqa: PLC0415
+
+    sides = {"stream": str(REPO), "raw": str(REPO)}
+    if args.ref:
+        sides["ref"] = export_ref(args.ref, "trainer_client", "protocol")
+    callers_list = [int(c) for c in args.callers.split(",")]
+    results: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    loads = [os.getloadavg()[0]]
+    try:
+        with running_server(server_config(limits={"max_concurrency": 4096})) as server:
+            for round_ in range(args.rounds):
+                for callers in callers_list:
+                    order = list(sides) if round_ % 2 == 0 else list(sides)[::-1]
+                    for side in order:
+                        run = run_side(
+                            side if side != "ref" else "stream", sides[side], server.url, callers, args
+                        )
+                        results.setdefault((callers, side), []).append(run)
+                        loads.append(os.getloadavg()[0])
+                        print(
+                            f"  {side} x{callers}: {run['client_us']:.1f} µs/call, "
+                            f"{run['calls_per_s']:,.0f} calls/s, load {loads[-1]:.1f}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+    finally:
+        if "ref" in sides:
+            shutil.rmtree(sides["ref"], ignore_errors=True)
+    loop = "uvloop" if args.uvloop else "asyncio's default loop"
+    print(
+        f"StreamClient CPU per call, one connection, {loop}: lowest of {args.rounds} interleaved runs "
+        f"of {args.calls:,} calls per side; load average {min(loads):.1f}-{max(loads):.1f} (1 min)"
+    )
+    print("| callers | side | client µs/call (range) | of which system | calls/s | p50 ms | ratio to raw |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
+    for callers in callers_list:
+        raw = min(r["client_us"] for r in results[(callers, "raw")])
+        for side in sides:
+            runs = results[(callers, side)]
+            best = min(runs, key=lambda r: r["client_us"])
+            spread = f"{min(r['client_us'] for r in runs):.1f}-{max(r['client_us'] for r in runs):.1f}"
+            print(
+                f"| {callers} | {side} | **{best['client_us']:.1f}** ({spread}) | {best['system_us']:.1f} "
+                f"| {best['calls_per_s']:,.0f} "
+                f"| {best['p50_ms']:.2f} | {best['client_us'] / raw:.2f}× |"
+            )
+
+
+if __name__ == "__main__":
+    main()
