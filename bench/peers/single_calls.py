@@ -11,8 +11,12 @@ environment's step loop). Each caller loops "send one call, wait for its answer"
     episode) and, as its best case, reset / 8 steps on a kept connection.
 
 Each server in its own process, one uvicorn worker; the load generator in this process. (b)-(d) use
-the same raw ``websockets`` client for both servers (no compression, no pings): only the message
-shapes differ. Every answer is checked: its text must be what was sent, or the bench stops. Each
+the same raw ``websockets`` client for both servers: only the message shapes differ. Which client
+(``--client``): ``tuned`` (the default: no compression offered, no pings, orjson, uvloop),
+``plain`` (what a user writes first: ``websockets.connect(url)`` with its defaults, so deflate is
+offered and each server takes it or not, pings every 20 s; stdlib ``json``; asyncio's own loop)
+or ``plain-nodeflate`` (``plain`` with ``compression=None``: neither server compresses).
+``--pin`` puts every thread of the servers on CPU 0 and the load generator on CPU 1. Every answer is checked: its text must be what was sent, or the bench stops. Each
 call's text is 12 characters, unique, the same on both sides.
 
 Per path: calls/s (episodes/s), p50 and p99 latency per call (per episode), the server's CPU per call
@@ -21,6 +25,7 @@ the table shows the fastest run, and the range). Load averages at the start and 
 
     python bench/peers/single_calls.py [--quick] [--repeats 3] [--callers 32,1024] [--paths a,b,c,d]
         [--openenv-python .venv-peers/bin/python] [--calls N] [--episodes N]
+        [--client tuned|plain|plain-nodeflate] [--pin]
 
 OpenEnv 0.10.0 runs from its own virtual environment (``make peers``): the echo environment is the
 one ``python -m openenv.cli init`` writes (the package ships no envs/echo_env), served by
@@ -32,14 +37,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -87,6 +94,33 @@ for name in ("openenv", "uvicorn", "websockets", "uvloop", "httptools"):
 """
 
 
+@dataclass(frozen=True)
+class WsClient:
+    """How the load generator's WebSocket client connects, writes and reads (``--client``)."""
+
+    what: str
+    options: dict[str, Any] = field(default_factory=dict)  # websockets' connect() keywords
+    dumps: Callable[[Any], str] = json.dumps
+    loads: Callable[[str | bytes], Any] = json.loads
+    uvloop: bool = False
+
+
+CLIENTS = {
+    "tuned": WsClient(
+        "no compression offered, no pings, orjson, uvloop",
+        {"compression": None, "ping_interval": None},
+        lambda obj: orjson.dumps(obj).decode(),
+        orjson.loads,
+        uvloop=True,
+    ),
+    "plain": WsClient("websockets.connect() defaults (deflate offered, pings), stdlib json, asyncio's loop"),
+    "plain-nodeflate": WsClient(
+        "websockets.connect(compression=None), stdlib json, asyncio's loop", {"compression": None}
+    ),
+}
+CLIENT = CLIENTS["tuned"]  # main() sets the one --client names
+
+
 class Mismatch(RuntimeError):
     """An answer that is not the echo of what was sent: the bench stops, its figures would be wrong."""
 
@@ -100,8 +134,8 @@ def ws_url(http_url: str, path: str) -> str:
 
 
 async def open_ws(url: str) -> ClientConnection:
-    # The same client for every server: no compression to negotiate, no keepalive pings.
-    return await connect(url, compression=None, ping_interval=None, open_timeout=120, close_timeout=30)
+    # The same client for every server (--client says which).
+    return await connect(url, open_timeout=120, close_timeout=30, **CLIENT.options)
 
 
 async def exchange(ws: ClientConnection, frame: str, check: Callable[[str | bytes], None]) -> None:
@@ -142,15 +176,15 @@ class Ours(Shape):
         call: dict = {"call_id": call_id, "name": "echo", "arguments": {"text": text}}
         if session is not None:
             call["session"] = session
-        return orjson.dumps({"calls": [call]}).decode()
+        return CLIENT.dumps({"calls": [call]})
 
     def check_call(self, answer: str | bytes, call_id: str, text: str) -> None:
         check_results(answer, call_id, text)
 
     async def close_episode(self, ws: ClientConnection, session: str) -> None:
-        await ws.send(orjson.dumps({"release": session}).decode())
+        await ws.send(CLIENT.dumps({"release": session}))
         answer = await ws.recv()
-        if orjson.loads(answer) != {"released": session}:
+        if CLIENT.loads(answer) != {"released": session}:
             raise Mismatch(f"release of {session!r} answered {answer[:300]!r}")
 
 
@@ -162,14 +196,14 @@ class OpenEnv(Shape):
         return '{"type":"reset","data":{}}'
 
     def check_start(self, answer: str | bytes) -> None:
-        if orjson.loads(answer).get("type") != "observation":
+        if CLIENT.loads(answer).get("type") != "observation":
             raise Mismatch(f"OpenEnv answered a reset with {answer[:300]!r}")
 
     def call_frame(self, call_id: str, text: str, session: str | None = None) -> str:
-        return orjson.dumps({"type": "step", "data": {"message": text}}).decode()
+        return CLIENT.dumps({"type": "step", "data": {"message": text}})
 
     def check_call(self, answer: str | bytes, call_id: str, text: str) -> None:
-        data = orjson.loads(answer)
+        data = CLIENT.loads(answer)
         observation = (data.get("data") or {}).get("observation") or {}
         if data.get("type") != "observation" or observation.get("echoed_message") != text:
             raise Mismatch(f"OpenEnv answered a step of {text!r} with {answer[:300]!r}")
@@ -197,7 +231,7 @@ class OpenEnvKept(OpenEnv):
 
 def check_results(answer: str | bytes, call_id: str, text: str) -> None:
     """Ours: one result, for this call, not an error, echoing ``text``."""
-    results = orjson.loads(answer).get("results") or [{}]
+    results = CLIENT.loads(answer).get("results") or [{}]
     got = results[0]
     structured = got.get("structured") or {}
     if (
@@ -477,6 +511,13 @@ def openenv_server(python: Path, max_sessions: int) -> Iterator[Server]:
             yield Server("OpenEnv", url, process.proc.pid)
 
 
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` on ``cpus`` (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
+
+
 def versions(python: Path) -> str:
     out = subprocess.run(
         [str(python), "-c", VERSIONS], capture_output=True, text=True, timeout=120, check=True
@@ -485,7 +526,10 @@ def versions(python: Path) -> str:
 
 
 def event_loop() -> asyncio.Runner:
-    """The load generator's loop: uvloop where installed (a cheaper client for every path alike)."""
+    """The load generator's loop: uvloop where installed (a cheaper client for every path alike),
+    unless the client is a plain one (asyncio's own loop)."""
+    if not CLIENT.uvloop:
+        return asyncio.Runner()
     try:
         import uvloop
     except ImportError:
@@ -513,7 +557,15 @@ def main() -> None:
         default=ROOT / ".venv-peers" / "bin" / "python",
         help="python of a virtual environment with openenv==0.10.0 (default .venv-peers/bin/python: `make peers`)",
     )
+    parser.add_argument(
+        "--client", choices=sorted(CLIENTS), default="tuned", help="the WebSocket client (module docstring)"
+    )
+    parser.add_argument(
+        "--pin", action="store_true", help="servers' threads on CPU 0, the load generator on CPU 1"
+    )
     args = parser.parse_args()
+    global CLIENT
+    CLIENT = CLIENTS[args.client]
     paths, callers = repeats_paths_and_callers(parser, args, ALL_PATHS)
     calls = args.calls or (3000 if args.quick else 20_000)
     episode_count = args.episodes or (300 if args.quick else 2000)
@@ -532,12 +584,18 @@ def main() -> None:
         servers = {"ours": stack.enter_context(serve_tree(ROOT, "ours"))}
         if openenv is not None:
             servers["openenv"] = stack.enter_context(openenv_server(openenv, 2 * max(callers) + 16))
+        if args.pin:
+            for server in servers.values():
+                pin(server.pid, {0})
+            os.sched_setaffinity(0, {1})
         with event_loop() as runner:
             rows, checked = runner.run(run_all(servers, paths, callers, calls, episode_count, args.repeats))
     print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", file=sys.stderr)
+    placed = "servers on CPU 0, load generator on CPU 1" if args.pin else "nothing pinned"
     print(
         f"\none call per request — {os.cpu_count()} cores, one uvicorn worker per server, fastest of "
-        f"{args.repeats} interleaved runs; OpenEnv: {peer or 'not run'}\n"
+        f"{args.repeats} interleaved runs; OpenEnv: {peer or 'not run'}; client {args.client} "
+        f"({CLIENT.what}); {placed}\n"
     )
     print(render(rows))
     print(f"\nanswers checked: {checked:,}, every one the echo of what was sent")
