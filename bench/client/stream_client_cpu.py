@@ -18,8 +18,15 @@ Every answer is checked on every side (its text is the one sent). The event loop
 default (``--uvloop``: uvloop's), the same for every side. Prints per side and caller count the
 lowest and the range of client µs per call, p50 latency, and the ratios stream/raw (ref/raw).
 
+``--instructions``: instead of CPU time, the client's instructions per call (user space only),
+one run per side under ``valgrind --tool=callgrind``, instrumentation on for the measured calls
+only (``callgrind_control`` while the client waits between warm-up and measure): the machine's
+load does not change them. Under valgrind the client is ~50x slower than the server, so answers
+come in bunches (as when the client is the limit); the kernel's share (system calls) is not in
+them. About a minute per side and caller count at ``--calls 4000``.
+
     .venv/bin/python bench/client/stream_client_cpu.py [--callers 32,1024] [--calls 20000]
-        [--rounds 3] [--ref REF] [--uvloop]
+        [--rounds 3] [--ref REF] [--uvloop] [--instructions]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,9 +57,11 @@ class Mismatch(RuntimeError):
     """An answer that is not the echo of what was sent: the figures would not hold."""
 
 
-async def drive(call: Any, callers: int, warmup: int, total: int) -> dict[str, Any]:
+async def drive(call: Any, callers: int, warmup: int, total: int, gate: bool = False) -> dict[str, Any]:
     """``callers`` loops of ``await call(text)`` (which checks its answer): ``warmup`` calls,
-    then ``total`` timed ones; the process's CPU over the timed ones."""
+    then ``total`` timed ones; the process's CPU over the timed ones. ``gate``: say "warm" and
+    "measured" on stdout and wait for a line on stdin after each (the parent switches
+    callgrind's instrumentation meanwhile)."""
     latencies: list[float] = []
 
     async def phase(count: int, keep: bool) -> None:
@@ -67,9 +77,13 @@ async def drive(call: Any, callers: int, warmup: int, total: int) -> dict[str, A
         await asyncio.gather(*(caller() for _ in range(callers)))
 
     await phase(warmup, keep=False)
+    if gate:
+        wait_for_parent("warm")
     times0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     await phase(total, keep=True)
     times, wall = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter() - wall0
+    if gate:
+        wait_for_parent("measured")
     user, system = times.ru_utime - times0.ru_utime, times.ru_stime - times0.ru_stime
     calls = max(1, len(latencies))
     return {
@@ -81,7 +95,14 @@ async def drive(call: Any, callers: int, warmup: int, total: int) -> dict[str, A
     }
 
 
-async def stream_side(url: str, tree: str, callers: int, warmup: int, total: int) -> dict[str, Any]:
+def wait_for_parent(stage: str) -> None:
+    print(stage, flush=True)
+    sys.stdin.readline()  # blocks the event loop on purpose: nothing runs while it is switched
+
+
+async def stream_side(
+    url: str, tree: str, callers: int, warmup: int, total: int, gate: bool = False
+) -> dict[str, Any]:
     sys.path.insert(0, tree)
     from trainer_client.client.stream import StreamClient  # noqa: PLC0415 (from the side's tree)
 
@@ -92,10 +113,10 @@ async def stream_side(url: str, tree: str, callers: int, warmup: int, total: int
             if result.is_error or result.structured["text"] != text:
                 raise Mismatch(f"{text!r} answered {result!r}")
 
-        return await drive(call, callers, warmup, total)
+        return await drive(call, callers, warmup, total, gate)
 
 
-async def raw_side(url: str, callers: int, warmup: int, total: int) -> dict[str, Any]:
+async def raw_side(url: str, callers: int, warmup: int, total: int, gate: bool = False) -> dict[str, Any]:
     import orjson  # noqa: PLC0415
     from websockets.asyncio.client import connect  # noqa: PLC0415
 
@@ -124,7 +145,7 @@ async def raw_side(url: str, callers: int, warmup: int, total: int) -> dict[str,
 
         reader = asyncio.create_task(read())
         try:
-            return await drive(call, callers, warmup, total)
+            return await drive(call, callers, warmup, total, gate)
         finally:
             reader.cancel()
 
@@ -132,9 +153,9 @@ async def raw_side(url: str, callers: int, warmup: int, total: int) -> dict[str,
 def client_main(args: argparse.Namespace) -> None:
     warmup = max(args.callers, args.calls // 10)
     if args.side == "raw":
-        work = raw_side(args.url, args.callers, warmup, args.calls)
+        work = raw_side(args.url, args.callers, warmup, args.calls, args.gate)
     else:
-        work = stream_side(args.url, args.tree, args.callers, warmup, args.calls)
+        work = stream_side(args.url, args.tree, args.callers, warmup, args.calls, args.gate)
     if args.uvloop:
         import uvloop  # noqa: PLC0415
 
@@ -154,6 +175,83 @@ def run_side(side: str, tree: str, url: str, callers: int, args: argparse.Namesp
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def run_instructions(
+    side: str, tree: str, url: str, callers: int, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    """One client under callgrind, instrumented for its measured calls only: instructions per call."""
+    out = tmp / f"cg.{side}.{callers}.{len(list(tmp.iterdir()))}.out"
+    command = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+    command += [sys.executable, __file__, "--side", side, "--tree", tree, "--url", url, "--gate"]
+    command += ["--callers", str(callers), "--calls", str(args.calls)]
+    command += ["--uvloop"] if args.uvloop else []
+    with (tmp / "valgrind.log").open("a") as log:
+        proc = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            for stage, control in (("warm", "--instr=on"), ("measured", "--dump")):
+                line = proc.stdout.readline().strip()
+                if line != stage:
+                    raise RuntimeError(
+                        f"the {side} client said {line!r}, not {stage!r}: see {tmp}/valgrind.log"
+                    )
+                subprocess.run(
+                    ["callgrind_control", control, str(proc.pid)],
+                    check=True,
+                    capture_output=True,
+                    timeout=300,
+                )
+                proc.stdin.write("\n")
+                proc.stdin.flush()
+            result = json.loads(proc.stdout.readline())
+        finally:
+            proc.stdin.close()
+            proc.wait(timeout=300)
+    dump = Path(f"{out}.1")
+    for line in dump.read_text().splitlines():
+        if line.startswith("totals:"):
+            return {**result, "instructions": int(line.split()[1]) / max(1, result["calls"])}
+    raise RuntimeError(f"no totals line in {dump}")
+
+
+def instructions_bench(args: argparse.Namespace, sides: dict[str, str], callers_list: list[int]) -> None:
+    from tests.support.server import running_server, server_config  # noqa: PLC0415
+
+    if shutil.which("callgrind_control") is None:
+        raise SystemExit("valgrind (callgrind_control) is not installed")
+    figures: dict[tuple[int, str], dict[str, Any]] = {}
+    loads = [os.getloadavg()[0]]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        running_server(server_config(limits={"max_concurrency": 4096})) as server,
+    ):
+        for callers in callers_list:
+            for side in sides:
+                kind = side if side != "ref" else "stream"
+                figures[(callers, side)] = run_instructions(
+                    kind, sides[side], server.url, callers, args, Path(tmp)
+                )
+                loads.append(os.getloadavg()[0])
+                print(
+                    f"  {side} x{callers}: {figures[(callers, side)]['instructions'] / 1000:.1f}k instructions/call",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    loop = "uvloop" if args.uvloop else "asyncio's default loop"
+    print(
+        f"StreamClient instructions per call (callgrind, user space), one connection, {loop}: "
+        f"{args.calls:,} calls per side after a warm-up; load average {min(loads):.1f}-{max(loads):.1f} (1 min)"
+    )
+    print("| callers | side | client instructions/call | ratio to raw |")
+    print("|---:|---|---:|---:|")
+    for callers in callers_list:
+        raw = figures[(callers, "raw")]["instructions"]
+        for side in sides:
+            mine = figures[(callers, side)]["instructions"]
+            print(f"| {callers} | {side} | {mine / 1000:.1f}k | {mine / raw:.2f}× |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--callers", default="32,1024", help="caller counts, comma separated")
@@ -161,6 +259,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per side and caller count")
     parser.add_argument("--ref", help="also a git ref's StreamClient (e.g. before a change)")
     parser.add_argument("--uvloop", action="store_true", help="uvloop's event loop in every client")
+    parser.add_argument(
+        "--instructions", action="store_true", help="instructions per call under callgrind, not CPU time"
+    )
+    parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", help=argparse.SUPPRESS)  # a client process: stream or raw
     parser.add_argument("--tree", default=str(REPO), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -178,6 +280,13 @@ def main() -> None:
     if args.ref:
         sides["ref"] = export_ref(args.ref, "trainer_client", "protocol")
     callers_list = [int(c) for c in args.callers.split(",")]
+    if args.instructions:
+        try:
+            instructions_bench(args, sides, callers_list)
+        finally:
+            if "ref" in sides:
+                shutil.rmtree(sides["ref"], ignore_errors=True)
+        return
     results: dict[tuple[int, str], list[dict[str, Any]]] = {}
     loads = [os.getloadavg()[0]]
     try:

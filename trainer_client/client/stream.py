@@ -359,6 +359,14 @@ class StreamClient:
     def _send(self, pendings: list[_Pending], frame_bytes: bytes | None = None) -> None:
         """Queue calls for the current connection, one frame per frame they were first sent in
         (``frame_bytes``: that frame already encoded, when ``pendings`` are one frame's calls)."""
+        if frame_bytes is not None and all(p.call.session is None for p in pendings):
+            # A new frame of calls outside sessions (the usual case): nothing to look up.
+            for pending in pendings:
+                pending.sent_on = self._connection
+            if len(frame_bytes) > self._largest[0]:
+                self._largest = (len(frame_bytes), pendings)
+            self._queue(frame_bytes)
+            return
         sendable = [p for p in pendings if not self._lost_session(p)]
         reuse = frame_bytes is not None and len(sendable) == len(pendings)
         for _, group in itertools.groupby(sendable, key=lambda p: p.frame):
