@@ -12,7 +12,9 @@ reports its own CPU (user + system, ``getrusage``) per answered call. Sides:
   connection opened as ``StreamClient`` opens it (no compression, no size limit), the same
   frames (``{"calls": [{"call_id", "name", "arguments"}]}``, orjson, binary), one reader
   matching answers to futures by ``call_id`` and nothing else: no deadline, no resend, no
-  ``Result`` object.
+  ``Result`` object;
+* ``raw-conns``: the same frames on a connection per caller (as ``peers/single_calls.py`` (b)
+  drives the stream): each caller sends and then reads its own connection's answer.
 
 Every answer is checked on every side (its text is the one sent). The event loop is asyncio's
 default (``--uvloop``: uvloop's), the same for every side. Prints per side and caller count the
@@ -150,9 +152,43 @@ async def raw_side(url: str, callers: int, warmup: int, total: int, gate: bool =
             reader.cancel()
 
 
+async def raw_conns_side(
+    url: str, callers: int, warmup: int, total: int, gate: bool = False
+) -> dict[str, Any]:
+    import orjson  # noqa: PLC0415
+    from websockets.asyncio.client import connect  # noqa: PLC0415
+
+    ws_url = "ws" + url.removeprefix("http") + "/v1/stream"
+    ids = itertools.count()
+    prefix = f"rawc-{os.urandom(6).hex()}-"
+    free = list(
+        await asyncio.gather(*(connect(ws_url, compression=None, max_size=None) for _ in range(callers)))
+    )
+    connections = list(free)
+
+    async def call(text: str) -> None:
+        ws = free.pop()  # one per caller: each caller has one call in flight
+        try:
+            call_id = f"{prefix}{next(ids)}"
+            frame = {"calls": [{"call_id": call_id, "name": "echo", "arguments": {"text": text}}]}
+            await ws.send(orjson.dumps(frame))
+            (item,) = orjson.loads(await ws.recv())["results"]
+        finally:
+            free.append(ws)
+        if item["call_id"] != call_id or item.get("is_error") or item["structured"]["text"] != text:
+            raise Mismatch(f"{text!r} answered {item!r}")
+
+    try:
+        return await drive(call, callers, warmup, total, gate)
+    finally:
+        await asyncio.gather(*(ws.close() for ws in connections))
+
+
 def client_main(args: argparse.Namespace) -> None:
     warmup = max(args.callers, args.calls // 10)
-    if args.side == "raw":
+    if args.side == "raw-conns":
+        work = raw_conns_side(args.url, args.callers, warmup, args.calls, args.gate)
+    elif args.side == "raw":
         work = raw_side(args.url, args.callers, warmup, args.calls, args.gate)
     else:
         work = stream_side(args.url, args.tree, args.callers, warmup, args.calls, args.gate)
@@ -276,7 +312,7 @@ def main() -> None:
     from bench.git_ref import export_ref  # noqa: PLC0415
     from tests.support.server import running_server, server_config  # noqa: PLC0415
 
-    sides = {"stream": str(REPO), "raw": str(REPO)}
+    sides = {"stream": str(REPO), "raw": str(REPO), "raw-conns": str(REPO)}
     if args.ref:
         sides["ref"] = export_ref(args.ref, "trainer_client", "protocol")
     callers_list = [int(c) for c in args.callers.split(",")]
