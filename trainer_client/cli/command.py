@@ -29,12 +29,13 @@ from trainer_client.rollout.dataset import DatasetError
 # Command modules import the registry from here, as they always have.
 __all__ = ["SUBCOMMANDS", "CliError", "Subcommand", "build_parser", "main", "register_subcommand"]
 
-# Modules that register more subcommands when imported (``show``, ``summary``, ``train``, ``verl-config``): each
+# Modules that register more subcommands when imported (``show``, ``summary``, ``train``, ``sft``, ``verl-config``): each
 # calls ``register_subcommand(Subcommand(...))`` at module level and keeps its heavy
 # imports inside ``run``, so that ``trainer-client --help`` stays fast.
 PLUGIN_MODULES: tuple[str, ...] = (
     "trainer_client.cli.show",
     "trainer_client.cli.train",
+    "trainer_client.cli.sft",
     "trainer_client.cli.serve_model",
     "trainer_client.verl.config",
 )

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from tools.envs.pack import Pack, call_depths
+from tools.envs.pack import EnvTask, Pack, call_depths
 from tools.envs.procedural import world_module
 from tools.envs.procedural.compose import Options, compose_task
 
-__all__ = ["worked_examples"]
+__all__ = ["solved_chat", "worked_examples"]
 
 
 def worked_examples(
@@ -46,30 +46,36 @@ def worked_examples(
             continue  # a new prompt, and a kind of step not shown yet while there are others
         taken.add(task.prompt[0]["content"])
         shown.add(kinds)
-        world = p.new_world(task)
-        depths = call_depths(task.gold.calls)
-        chat: list[dict[str, Any]] = [*task.prompt]
-        for depth in sorted(set(depths.values())):
-            calls = [c for c in task.gold.calls if depths[c.id] == depth]
-            chat.append(
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                        for c in calls
-                    ],
-                }
-            )
-            for call in calls:
-                output = p.call(world, call.name, call.arguments)
-                chat.append({"role": "tool", "name": call.name, "content": json.dumps(output)})
-        reply = (
-            task.gold.answer if task.gold.answer is not None else " ".join(["Done.", *task.gold.communicate])
-        )
-        chat.append({"role": "assistant", "content": reply})
-        chats.append(chat)
+        chats.append(solved_chat(p, task))
     return chats
+
+
+def solved_chat(p: Pack, task: EnvTask) -> list[dict[str, Any]]:
+    """``task`` solved by its gold calls in a fresh world of ``p``: its prompt, one assistant turn
+    per dependency depth with its ``tool_calls``, the tool results, and the final reply (the
+    answer, or "Done." and the facts to communicate). Worked examples are such chats; so are
+    the gold trajectories of a supervised warm start (``tools.data.gold``)."""
+    world = p.new_world(task)
+    depths = call_depths(task.gold.calls)
+    chat: list[dict[str, Any]] = [*task.prompt]
+    for depth in sorted(set(depths.values())):
+        calls = [c for c in task.gold.calls if depths[c.id] == depth]
+        chat.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ],
+            }
+        )
+        for call in calls:
+            output = p.call(world, call.name, call.arguments)
+            chat.append({"role": "tool", "name": call.name, "content": json.dumps(output)})
+    reply = task.gold.answer if task.gold.answer is not None else " ".join(["Done.", *task.gold.communicate])
+    chat.append({"role": "assistant", "content": reply})
+    return chat
 
 
 def _generalised(p: Pack) -> tuple[Options, ModuleType | None]:
