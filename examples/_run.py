@@ -283,6 +283,20 @@ def run_trainer(argv: list[str]) -> int:
         return 130
 
 
+def run_sft(argv: list[str]) -> int:
+    """``trainer-client sft`` with ``argv`` (printed first, as ``run_trainer`` does)."""
+    from trainer_client.cli import sft as sft_cli
+
+    print("trainer-client " + " ".join(f"'{a}'" if " " in a or "{" in a else a for a in argv), flush=True)
+    parser = argparse.ArgumentParser(prog="trainer-client")
+    sft_cli.configure(parser)
+    try:
+        return sft_cli.run(parser.parse_args(argv[1:]))
+    except KeyboardInterrupt:
+        print("interrupted during the warm start", file=sys.stderr, flush=True)
+        return 130
+
+
 def interrupted_message(out_dir: Path | None) -> str:
     """Where the finished steps are, if any finished: metrics.jsonl exists only after the first."""
     metrics = out_dir / "metrics.jsonl" if out_dir is not None else None

@@ -19,6 +19,10 @@ What it does (issue 29; examples/learn_environment.py is the one-call run it ext
    levels below; reward ``tool_use`` in train mode with the verifier's default weights
    (per-call credit; no shortcut pays, tests/verifiers/test_tool_use_shortcuts.py);
    held-out success ``tool_use`` eval mode == 1.0, overall and per level;
+   With ``--warm-start``, first ``trainer-client sft`` (printed too): the training split's gold
+   turns (``tools.data.gold``, in the prompt's own call and reply format) replayed against the
+   server and learned (model tokens only), then GRPO from ``<out>/sft/model``: its evaluation
+   before step 1 gives the warm start's own figures;
 4. with ``--publish NAME``: ``examples/results/NAME.json`` (the run's summary, per-level
    curves, the mean step time split, the command) and ``NAME.png`` (held-out success per
    level, training success per level and the curriculum's frontier).
@@ -43,6 +47,7 @@ import _run  # noqa: E402
 
 from tools.data import write_parquet  # noqa: E402
 from tools.data.env_prompts import MULTI_CALL_FORMAT, TAGGED_MULTI_CALL_FORMAT  # noqa: E402
+from tools.data.gold import gold_script, write_gold  # noqa: E402
 from tools.envs.procedural import pack  # noqa: E402
 
 LEVELS = [1, 2, 3]
@@ -55,13 +60,16 @@ def pack_arguments(args: argparse.Namespace) -> dict[str, object]:
 
 
 def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
-    """The pack id and the train/test parquet files (few-shot text prompts)."""
+    """The pack id and the train/test parquet files (few-shot text prompts); with ``--warm-start``
+    also ``data/gold.jsonl``, the gold turns of the training split (in the prompts' reply format)."""
     p = pack(**pack_arguments(args))
     tagged = args.reply_format == "tagged"
     rows = _run.few_shot_splits(
         p, args, LEVELS, len(EXAMPLE_LEVELS), example_levels=EXAMPLE_LEVELS,
         call_format=TAGGED_MULTI_CALL_FORMAT if tagged else MULTI_CALL_FORMAT, tagged_replies=tagged,
     )  # fmt: skip
+    if args.warm_start:
+        write_gold(gold_script(p, rows["train"], tagged_replies=tagged), gold_path(args))
     # held out: up to eval_size / 3 tasks of each level (the first ones of the test split)
     per_level = max(1, args.eval_size // len(LEVELS))
     test = [
@@ -74,6 +82,50 @@ def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
     return p.id, train, held_out
 
 
+def gold_path(args: argparse.Namespace) -> Path:
+    return args.out / "data" / "gold.jsonl"
+
+
+def sft_dir(args: argparse.Namespace) -> Path:
+    return args.out / "sft"
+
+
+def rollout_shape(args: argparse.Namespace, pack_id: str) -> list[str]:
+    """The rollout flags ``train`` and ``sft`` share: the warm start's data is tokenized, spliced and
+    masked exactly as the GRPO run's rollouts."""
+    return [
+        "--toolset", pack_id,
+        "--format", "hermes",
+        "--tool-schemas", "none",
+        "--max-turns", str(args.max_turns),
+        "--max-calls-per-turn", "4",
+        "--max-tokens-per-turn", "96",
+        "--response-length", "448",
+        "--max-obs-tokens", "128",
+    ]  # fmt: skip
+
+
+def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path) -> list[str]:
+    """The ``trainer-client sft`` arguments of ``--warm-start``: the gold of the training split,
+    kept where the eval-mode reward says solved."""
+    return [
+        "sft",
+        "--server", url,
+        "--gold", str(gold_path(args)),
+        "--train-data", str(train),
+        *rollout_shape(args, pack_id),
+        "--verifier", "tool_use",
+        "--verifier-args", json.dumps({"mode": "eval"}),
+        "--out-dir", str(sft_dir(args)),
+        "--epochs", str(args.sft_epochs),
+        "--batch-size", str(args.sft_batch_size),
+        "--lr", str(args.sft_lr),
+        "--threads", str(args.sft_threads),
+        "--seed", str(args.seed),
+        "--verbose",
+    ]  # fmt: skip
+
+
 def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
     """The ``trainer-client train`` arguments of this run."""
     reward: dict[str, Any] = {"mode": "train"}
@@ -84,14 +136,7 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
         "--server", url,
         "--train-data", str(train),
         "--eval-data", str(test),
-        "--toolset", pack_id,
-        "--format", "hermes",
-        "--tool-schemas", "none",
-        "--max-turns", str(args.max_turns),
-        "--max-calls-per-turn", "4",
-        "--max-tokens-per-turn", "96",
-        "--response-length", "448",
-        "--max-obs-tokens", "128",
+        *rollout_shape(args, pack_id),
         "--verifier", "tool_use",
         "--verifier-args", json.dumps(reward),
         "--eval-verifier", "tool_use",
@@ -107,6 +152,8 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
         ]  # fmt: skip
     if args.clip_ratio_high is not None:
         argv += ["--clip-ratio-high", str(args.clip_ratio_high)]
+    if args.warm_start:
+        argv += ["--model", str(sft_dir(args) / "model")]
     return argv
 
 
@@ -220,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="how the prompt asks for the final reply: mixed (<answer> after a question, Done. after "
         "a change) or tagged (always <answer>...</answer>)",
     )
+    parser.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="first a supervised warm start on the training split's gold (trainer-client sft), then GRPO "
+        "from it (an existing <out>/sft/model is reused)",
+    )
+    parser.add_argument("--sft-epochs", type=int, default=2, help="warm start: passes over the gold")
+    parser.add_argument("--sft-batch-size", type=int, default=16, help="warm start: trajectories per step")
+    parser.add_argument("--sft-lr", type=float, default=5e-5, help="warm start: learning rate")
+    parser.add_argument("--sft-threads", type=int, default=2, help="warm start: torch threads")
     return parser
 
 
@@ -229,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     _run.exit_on_sigterm()
     with _run.tool_server(args.out, _run.procedural_server_config(pack_arguments(args)), args.port) as url:
+        if args.warm_start and not (sft_dir(args) / "model" / "config.json").is_file():
+            code = _run.run_sft(sft_argv(args, url, pack_id, train))
+            if code != 0:
+                return code
         command = train_argv(args, url, pack_id, train, test)
         code = _run.run_trainer(command)
     if code == 0 and args.publish:

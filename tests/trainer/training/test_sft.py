@@ -19,7 +19,7 @@ from tests.support.require import require
 
 require("verl")
 
-from tests.support.server import running_server, server_config  # noqa: E402
+from tests.support.server import REPO, running_server, server_config  # noqa: E402
 from tools.data import write_parquet  # noqa: E402
 from tools.data.environments import build_rows  # noqa: E402
 from tools.data.gold import gold_script, gold_turns, write_gold  # noqa: E402
@@ -263,3 +263,36 @@ def test_bad_input_gives_a_one_line_error(
         err = capsys.readouterr().err
         assert code == 2, (expected, err)
         assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_out(tmp_path: Path) -> None:
+    """``learn_multistep.py --warm-start``: ``sft`` gets the GRPO run's rollout flags (so the gold is
+    spliced and cut as that run's rollouts), and ``train`` starts from the warm start's model."""
+    import argparse
+    import importlib.util
+
+    from trainer_client.cli import sft as sft_cli
+    from trainer_client.cli import train as train_cli
+
+    spec = importlib.util.spec_from_file_location("learn_multistep", REPO / "examples" / "learn_multistep.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = module.build_parser().parse_args(["--warm-start", "--out", str(tmp_path)])
+    url, train, test = "http://127.0.0.1:1", tmp_path / "train.parquet", tmp_path / "test.parquet"
+
+    def parsed(configure: Any, argv: list[str]) -> argparse.Namespace:
+        parser = argparse.ArgumentParser()
+        configure(parser)
+        return parser.parse_args(argv[1:])
+
+    sft = sft_cli.config_from_args(parsed(sft_cli.configure, module.sft_argv(args, url, "pack-x", train)))
+    grpo = train_cli.config_from_args(
+        parsed(train_cli.configure, module.train_argv(args, url, "pack-x", train, test))
+    )
+    assert replace(sft.rollout_config(), sampling_params={}, verifier_arguments={}) == replace(
+        grpo.rollout_config(), sampling_params={}, verifier_arguments={}
+    )
+    assert sft.rollout_config().sampling_params["max_tokens"] == grpo.max_tokens_per_turn
+    assert sft.gold == str(tmp_path / "data" / "gold.jsonl") and sft.train_data == str(train)
+    assert grpo.model == str(tmp_path / "sft" / "model")
