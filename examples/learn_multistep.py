@@ -123,6 +123,7 @@ def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path) -> l
         "--threads", str(args.sft_threads),
         "--seed", str(args.seed),
         "--verbose",
+        *(["--max-minutes", str(args.sft_max_minutes)] if args.sft_max_minutes else []),
     ]  # fmt: skip
 
 
@@ -277,6 +278,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sft-batch-size", type=int, default=16, help="warm start: trajectories per step")
     parser.add_argument("--sft-lr", type=float, default=5e-5, help="warm start: learning rate")
     parser.add_argument("--sft-threads", type=int, default=2, help="warm start: torch threads")
+    parser.add_argument(
+        "--sft-max-minutes",
+        type=float,
+        default=None,
+        help="warm start: time budget (the model is saved then)",
+    )
     return parser
 
 

@@ -158,9 +158,16 @@ class SFTTrainer:
         """All steps, then the model saved as ``<out_dir>/model``; returns (and writes) the summary."""
         started = time.perf_counter()
         batches = self.batches()
-        loss_before = self.mean_loss()
+        sample = shuffled(self.examples, self.config.seed, -1)[: self.config.loss_sample or None]
+        loss_before = self.mean_loss(sample)
         with open(self.out_dir / METRICS_FILE, "w") as log:
             for batch in batches:
+                budget = self.config.max_minutes
+                if budget is not None and time.perf_counter() - started > 60.0 * budget:
+                    logger.warning(
+                        "time budget of %g min reached after %d of %d steps", budget, self.step, len(batches)
+                    )
+                    break
                 t0 = time.perf_counter()
                 record = {"step": self.step + 1, **self.train_step(batch)}
                 record["time/step_s"] = time.perf_counter() - t0
@@ -168,18 +175,20 @@ class SFTTrainer:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
                 logger.info("sft step %d/%d loss %.4f", self.step, len(batches), record["loss"])
-        loss_after = self.mean_loss()
+        loss_after = self.mean_loss(sample)
         model_dir = self.save()
         summary = {
             "model_dir": str(model_dir),
             "examples": len(self.examples),
             "model_tokens": sum(e.model_tokens for e in self.examples),
             "steps": self.step,
+            "planned_steps": len(batches),
             "epochs": self.config.epochs,
             "lr": self.config.lr,
             "dtype": str(self.dtype).removeprefix("torch."),
             "loss_before": loss_before,
             "loss_after": loss_after,
+            "loss_measured_on": len(sample),
             "wall_s": round(time.perf_counter() - started, 1),
             "load_avg": os.getloadavg()[0],
             "sources": sorted({e.source for e in self.examples}),

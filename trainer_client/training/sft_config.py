@@ -75,6 +75,10 @@ class SFTConfig:
     """gradient clipping norm"""
     max_examples: int | None = None
     """use at most this many trajectories"""
+    max_minutes: float | None = None
+    """stop training once it has run this long (the model is saved as it is then)"""
+    loss_sample: int = 64
+    """trajectories the loss before and after training is measured on (a seeded sample; 0: all)"""
 
     format: str = "hermes"
     """tool-call format: hermes, search_r1, llama3_json, pythonic"""
