@@ -168,6 +168,11 @@ def test_sft_steps_lower_the_loss_and_train_loads_the_model(env: Env, tmp_path: 
     assert summary["steps"] == 2 and summary["loss_after"] < 0.8 * summary["loss_before"], summary
     model_dir = Path(summary["model_dir"])
     assert (model_dir / "config.json").is_file()
+    # the packaged SmolLM2's repaired tokenizer travels with it (its turns end with <|im_end|>)
+    from trainer_client.backends.models import load_tokenizer
+
+    saved, packaged = load_tokenizer(str(model_dir)), load_tokenizer("smollm2")
+    assert (saved.eos_token_id, saved.chat_template) == (packaged.eos_token_id, packaged.chat_template)
     # prompts and observations carry no loss: changing an observation token changes no gradient target
     assert all(e.model_tokens < len(e.response_ids) for e in examples)
 
