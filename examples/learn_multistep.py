@@ -105,14 +105,15 @@ def rollout_shape(args: argparse.Namespace, pack_id: str) -> list[str]:
     ]  # fmt: skip
 
 
-def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path) -> list[str]:
+def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test: Path) -> list[str]:
     """The ``trainer-client sft`` arguments of ``--warm-start``: the gold of the training split,
-    kept where the eval-mode reward says solved."""
+    kept where the eval-mode reward says solved (a held-out task in it would be an error)."""
     return [
         "sft",
         "--server", url,
         "--gold", str(gold_path(args)),
         "--train-data", str(train),
+        "--held-out", str(test),
         *rollout_shape(args, pack_id),
         "--verifier", "tool_use",
         "--verifier-args", json.dumps({"mode": "eval"}),
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     _run.exit_on_sigterm()
     with _run.tool_server(args.out, _run.procedural_server_config(pack_arguments(args)), args.port) as url:
         if args.warm_start and not (sft_dir(args) / "model" / "config.json").is_file():
-            code = _run.run_sft(sft_argv(args, url, pack_id, train))
+            code = _run.run_sft(sft_argv(args, url, pack_id, train, test))
             if code != 0:
                 return code
         command = train_argv(args, url, pack_id, train, test)

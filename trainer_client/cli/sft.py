@@ -75,6 +75,7 @@ def sft_examples(config: Any) -> list[Any]:
         examples_from_records,
         load_gold,
         read_trajectories,
+        refuse_held_out,
         replay_gold,
     )
 
@@ -91,6 +92,7 @@ def sft_examples(config: Any) -> list[Any]:
         )
     for path in config.trajectories:
         examples += examples_from_records(read_trajectories(path), min_reward=config.min_reward, source=path)
+    refuse_held_out(examples, config.held_out)
     if config.max_examples is not None:
         examples = examples[: config.max_examples]
     return examples

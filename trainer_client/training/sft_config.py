@@ -32,6 +32,9 @@ class SFTConfig:
     train_data: str | None = None
     """training split, veRL-format parquet: the rows --gold is replayed on (rows of another split are
     refused)"""
+    held_out: str | None = None
+    """held-out split parquet (the GRPO run's --eval-data): a trajectory of one of its tasks (same
+    prompt and ground truth) is an error, never data"""
     min_reward: float = 1.0
     """a trajectory is learned from only if its reward reaches this (gold replays and rollouts alike)"""
     out_dir: str = "runs/sft"

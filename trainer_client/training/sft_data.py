@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from trainer_client.rollout.dataset import TaskRow
 from trainer_client.rollout.records import read_records
 from trainer_client.shared import CliError
@@ -36,7 +38,9 @@ __all__ = [
     "examples_from_records",
     "load_gold",
     "read_trajectories",
+    "refuse_held_out",
     "replay_gold",
+    "task_key",
     "training_rows",
     "verl_parquet_rows",
 ]
@@ -47,7 +51,8 @@ _TOKEN_FIELDS = ("prompt_ids", "response_ids", "response_mask")
 
 @dataclass
 class SFTExample:
-    """One trajectory to learn from: the prompt (never learned), the response and its loss mask."""
+    """One trajectory to learn from: the prompt (never learned), the response and its loss mask;
+    ``key`` names its task (``task_key``)."""
 
     prompt_ids: list[int]
     response_ids: list[int]
@@ -56,10 +61,32 @@ class SFTExample:
     task: str | None
     source: str
     reward: float
+    key: str = ""
 
     @property
     def model_tokens(self) -> int:
         return sum(self.response_mask)
+
+
+def task_key(messages: Sequence[dict[str, Any]], ground_truth: Any) -> str:
+    """What identifies a task across files: its last user message and its ground truth."""
+    user = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), None)
+    return orjson.dumps([user, ground_truth], default=str, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def refuse_held_out(examples: Sequence[SFTExample], path: str | None) -> None:
+    """A ``CliError`` when an example is of a task of the held-out split ``path`` (None: no check)."""
+    if path is None:
+        return
+    from trainer_client.rollout.dataset import load_tasks
+
+    held = {task_key(row.messages, row.ground_truth) for row in load_tasks(path)}
+    leaked = [e for e in examples if e.key in held]
+    if leaked:
+        raise CliError(
+            f"{leaked[0].source}: {len(leaked)} trajectories are of tasks of the held-out split {path} "
+            f"(first: {leaked[0].task or leaked[0].key[:80]}); held-out tasks must stay unseen"
+        )
 
 
 def _task_of(record: dict[str, Any]) -> str | None:
@@ -97,6 +124,7 @@ def examples_from_records(
                 task=_task_of(record),
                 source=source,
                 reward=float(reward),
+                key=task_key(_prompt_messages(record), record.get("ground_truth")),
             )
         )
     if not examples:
@@ -108,6 +136,12 @@ def examples_from_records(
             f"{source}: none of its {len(records)} trajectories reaches reward {min_reward:g} ({best}){why}"
         )
     return examples
+
+
+def _prompt_messages(record: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = list(record.get("messages") or [])
+    count = record.get("num_prompt_messages")
+    return messages[:count] if isinstance(count, int) else messages
 
 
 def read_trajectories(path: str) -> list[dict[str, Any]]:

@@ -153,6 +153,15 @@ def test_held_out_tasks_never_reach_the_sft_data(
     )
     err = capsys.readouterr().err
     assert code == 2 and "split 'test'" in err and len(err.strip().splitlines()) == 1
+    # the policy's own rollouts (rejection sampling) of a task of --held-out: refused too
+    rollouts = tmp_path / "rollouts.jsonl"
+    rollouts.write_text("".join(json.dumps(r, default=str) + "\n" for r in env.records[:3]))
+    pretend_held_out = write_parquet(env.rows["train"][:1], tmp_path / "held.parquet")
+    base = ["sft", "--trajectories", str(rollouts), "--no-train", "--out-dir", str(tmp_path / "rs")]
+    assert main([*base, "--held-out", str(pretend_held_out)]) == 2
+    err = capsys.readouterr().err
+    assert "held-out split" in err and len(err.strip().splitlines()) == 1
+    assert main([*base, "--held-out", str(env.test)]) == 0
 
 
 def test_sft_steps_lower_the_loss_and_train_loads_the_model(env: Env, tmp_path: Path) -> None:
@@ -291,7 +300,9 @@ def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_ou
         configure(parser)
         return parser.parse_args(argv[1:])
 
-    sft = sft_cli.config_from_args(parsed(sft_cli.configure, module.sft_argv(args, url, "pack-x", train)))
+    sft = sft_cli.config_from_args(
+        parsed(sft_cli.configure, module.sft_argv(args, url, "pack-x", train, test))
+    )
     grpo = train_cli.config_from_args(
         parsed(train_cli.configure, module.train_argv(args, url, "pack-x", train, test))
     )
@@ -300,4 +311,5 @@ def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_ou
     )
     assert sft.rollout_config().sampling_params["max_tokens"] == grpo.max_tokens_per_turn
     assert sft.gold == str(tmp_path / "data" / "gold.jsonl") and sft.train_data == str(train)
+    assert sft.held_out == str(test)
     assert grpo.model == str(tmp_path / "sft" / "model")
