@@ -5,7 +5,9 @@ generator, the reward bridge, and their settings.
   entry point);
 * ``reward_bridge``: ``compute_score`` for ``reward.custom_reward_function``, scored by the
   server's ``/v1/verify``;
-* ``config``: the agent loop's settings, its YAML, and ``trainer-client verl-config``.
+* ``config``: the agent loop's settings, its YAML, and ``trainer-client verl-config``;
+* ``sft_dataset``: ``TokenSFTDataset``, veRL's SFT trainer on ``trainer-client sft --export verl-parquet``
+  data, token-exact (``data.custom_cls``).
 
 Nothing is imported here: ``agent_loop`` imports veRL, which takes seconds.
 """
