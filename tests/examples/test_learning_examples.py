@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import RunningProcess, started
+from tests.support.processes import RunningProcess, started, with_default_sigint
 from tests.support.require import require
 from tests.support.server import REPO
 
@@ -37,9 +37,6 @@ pytestmark = pytest.mark.timeout(900)
 
 EXAMPLES = REPO / "examples"
 EXIT_BOUND_S = 120  # after one signal; a run would go on for an hour
-# A test runner started in the background ignores SIGINT, and its children inherit that: the
-# script is exec'd with SIGINT back at its default, as a terminal's Ctrl-C finds it.
-DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
 # The smallest run: two held-out problems, one step of one prompt x 2 samples, no checkpoint.
 TINY = [
     "--steps", "1", "--prompts-per-step", "1", "--group-size", "2", "--micro-batch-size", "2",
@@ -63,7 +60,7 @@ def free_port() -> int:
 
 
 def script(name: str, *args: str) -> list[str]:
-    return [sys.executable, "-c", DEFAULT_SIGINT, sys.executable, str(EXAMPLES / f"{name}.py"), *args]
+    return with_default_sigint([sys.executable, str(EXAMPLES / f"{name}.py"), *args])
 
 
 def trainer_config(argv: list[str]) -> dict[str, Any]:

@@ -12,12 +12,23 @@ import contextlib
 import os
 import re
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["RunningProcess", "started"]
+__all__ = ["RunningProcess", "started", "with_default_sigint"]
+
+# A test runner started in the background (a non-interactive shell's `&`, as CI and scripts
+# do) ignores SIGINT, and its children inherit that: Ctrl-C would never reach them.
+_DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+
+
+def with_default_sigint(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` exec'd with SIGINT back at its default, as a terminal's Ctrl-C finds it: for the
+    tests that send SIGINT (``cmd[0]`` must be a path, e.g. ``sys.executable``)."""
+    return [sys.executable, "-c", _DEFAULT_SIGINT, *cmd]
 
 
 class RunningProcess:

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from tests.support.demo import QuickDemo
-from tests.support.processes import started
+from tests.support.processes import started, with_default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,7 +89,7 @@ def test_server_is_stopped_on_interrupt(tmp_path: Path) -> None:
     with started(
         # HF: with the default engine (auto) a machine with .venv-vllm would start a vLLM server
         # here, outside the one shared vLLM test group, and stopping it mid-start took over 60 s
-        demo("--quick", "--engine", "hf", "--out-dir", str(out_dir), "--no-progress"),
+        with_default_sigint(demo("--quick", "--engine", "hf", "--out-dir", str(out_dir), "--no-progress")),
         probe=lambda: log.exists() and "Uvicorn running" in log.read_text(),
         timeout_s=180,
         cwd=REPO,
@@ -99,4 +99,6 @@ def test_server_is_stopped_on_interrupt(tmp_path: Path) -> None:
         process.wait(180)  # generous: a loaded machine
     assert process.proc.returncode == 130, process.output
     assert "interrupted" in process.output
+    # a clean stop: no traceback, no "coroutine ... was never awaited" on the way out
+    assert "Traceback" not in process.output and "RuntimeWarning" not in process.output, process.output
     assert_stopped(url)

@@ -20,7 +20,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.processes import RunningProcess, started
+from tests.support.processes import RunningProcess, started, with_default_sigint
 from tests.support.require import require
 from tests.support.server import REPO, running_server, server_config
 
@@ -46,15 +46,10 @@ def write_rows(path: Path, prompts: list[str]) -> Path:
     return path
 
 
-# A test runner started in the background ignores SIGINT, and its children inherit that: the
-# rollout is exec'd with SIGINT back at its default, as a terminal's Ctrl-C finds it.
-DEFAULT_SIGINT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-
-
 def rollout(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("trainer-client")
     cmd = [str(script)] if script.exists() else [sys.executable, "-m", "trainer_client.cli.command"]
-    return [sys.executable, "-c", DEFAULT_SIGINT, *cmd, "rollout", *args]
+    return with_default_sigint([*cmd, "rollout", *args])
 
 
 def interrupt(process: RunningProcess) -> int:
