@@ -60,23 +60,27 @@ def _read_int(path: str, default: int) -> int:
 _PID_MAX = _read_int("/proc/sys/kernel/pid_max", 1 << 22)
 
 
-def process_status(pid: int) -> tuple[int, int] | None:
-    """(real uid, parent pid) of a process that can still run, None if gone or a mere zombie.
-
-    A zombie thread-group leader whose other threads still run counts as running; a thread
-    id (``/proc/<tid>`` exists, unlisted) is not a process.
+def _status(pid: int) -> tuple[int, int, bool] | None:
+    """(real uid, parent pid, ended) of a process, None if gone; ``ended``: a zombie (it exited
+    and was not reaped yet). A zombie thread-group leader whose other threads still run counts
+    as running; a thread id (``/proc/<tid>`` exists, unlisted) is not a process.
     """
     try:
         status = _proc_read(f"/proc/{pid}/status")
         if int(status.partition(b"\nTgid:")[2].split(None, 1)[0]) != pid:
             return None
         state = status.partition(b"\nState:")[2].split(None, 1)[0]
-        if state in (b"Z", b"X") and int(status.partition(b"\nThreads:")[2].split(None, 1)[0]) <= 1:
-            return None
+        ended = state in (b"Z", b"X") and int(status.partition(b"\nThreads:")[2].split(None, 1)[0]) <= 1
         uid = int(status.partition(b"\nUid:")[2].split(None, 1)[0])
-        return uid, int(status.partition(b"\nPPid:")[2].split(None, 1)[0])
+        return uid, int(status.partition(b"\nPPid:")[2].split(None, 1)[0]), ended
     except (OSError, ValueError, IndexError):
         return None
+
+
+def process_status(pid: int) -> tuple[int, int] | None:
+    """(real uid, parent pid) of a process that can still run, None if gone or a mere zombie."""
+    status = _status(pid)
+    return None if status is None or status[2] else status[:2]
 
 
 def processes_of(uid: int) -> list[int]:
@@ -286,29 +290,32 @@ def held(root: int, counted: set[int], *, precise: bool, alone: bool = False) ->
     return total + sum(objects.values())
 
 
-def _members(pids: list[int], known: set[int], root: int, uid: int | None) -> set[int]:
+def _members(
+    pids: list[int], known: set[int], root: int, uid: int | None, *, ended: bool = False
+) -> set[int]:
     """Which of pids are other processes of the sandbox whose worker is ``root``: those of its
-    uid, or (no uid) its descendants."""
-    info = {pid: st for pid in pids if pid != root and (st := process_status(pid)) is not None}
+    uid, or (no uid) its descendants; the running ones, or with ``ended`` the zombies."""
+    info = {pid: st for pid in pids if pid != root and (st := _status(pid)) is not None}
     if uid is not None:
-        return {pid for pid, (owner, _) in info.items() if owner == uid}
+        return {pid for pid, (owner, _, over) in info.items() if owner == uid and over == ended}
     members: set[int] = set()
     grew = True
     while grew:  # orphans are re-parented to the worker (its subreaper), so the tree holds
         grew = False
-        for pid, (_, ppid) in info.items():
+        for pid, (_, ppid, _) in info.items():
             if pid not in members and (ppid == root or ppid in members or ppid in known):
                 members.add(pid)
                 grew = True
-    return members
+    return {pid for pid in members if info[pid][2] == ended}
 
 
 def started_none(start: Clock, now: Clock, root: int, uid: int | None) -> bool:
-    """Cheap check after a call: no process of the sandbox was started during it."""
+    """Cheap check after a call: no process of the sandbox was started during it (running or ended)."""
     window = new_pids(start, now)
-    return (
-        window is not None and sum(map(len, window)) <= 64 and not _members(pids_in(window), set(), root, uid)
-    )
+    if window is None or sum(map(len, window)) > 64:
+        return False
+    pids = pids_in(window)
+    return not _members(pids, set(), root, uid) and not _members(pids, set(), root, uid, ended=True)
 
 
 def kill_strays(start: Clock, root: int, uid: int | None) -> tuple[bool, float]:
@@ -323,7 +330,11 @@ def kill_strays(start: Clock, root: int, uid: int | None) -> tuple[bool, float]:
         found = _members(pids_in(new_pids(clock, now)), known, root, uid)
         found |= {pid for pid in known if process_status(pid) is not None}
         if not found:
-            return True, cpu_s
+            # Those that ended during the call and wait to be reaped: their CPU reaches the
+            # worker's own account only once it reaps them, after this check. (Counted again
+            # then, as the ones killed here are: the budget errs on the strict side.)
+            ended = _members(pids_in(new_pids(start, now)), known, root, uid, ended=True) - known
+            return True, cpu_s + sum(map(cpu_seconds, ended))
         for pid in found - known:
             cpu_s += cpu_seconds(pid)
         for pid in found:

@@ -127,6 +127,34 @@ async def test_cpu_of_the_processes_it_starts_counts_against_its_lifetime_budget
     assert worker.uid is not None and processes_of(worker.uid) == []
 
 
+async def test_cpu_of_processes_that_ended_but_were_not_reaped_counts_too() -> None:
+    """Two children burn CPU until their CPU limit ends them, and the call returns with both
+    ended but not reaped (zombies): their CPU is in no running process's account, and the
+    worker's own would get it only once it reaps them, after the check. (A busy machine got
+    the test above here: its children ran into the limit before the call was settled.)"""
+    worker = await spawn(SandboxLimits(timeout_s=60, cpu_s=10, worker_cpu_s=3, memory_mb=256))
+    code = (
+        "import os\n"
+        "pids = []\n"
+        "for _ in range(2):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    pids.append(pid)\n"
+        "for pid in pids:\n"
+        "    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # ended, left unreaped\n"
+        "'children ended'"
+    )
+    try:
+        result = await worker.run(code)
+        assert result.worker_died, result
+        assert "CPU budget of 3 s" in (result.error or ""), result
+    finally:
+        await worker.aclose()
+    assert worker.uid is not None and processes_of(worker.uid) == []
+
+
 async def test_cpu_of_children_it_waited_for_counts_too() -> None:
     worker = await spawn(SandboxLimits(timeout_s=30, cpu_s=10, worker_cpu_s=3, memory_mb=256))
     code = (
