@@ -275,10 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="first a supervised warm start on the training split's gold (trainer-client sft), then GRPO "
         "from it (an existing <out>/sft/model is reused)",
     )
-    parser.add_argument("--sft-epochs", type=int, default=2, help="warm start: passes over the gold")
-    parser.add_argument("--sft-batch-size", type=int, default=16, help="warm start: trajectories per step")
-    parser.add_argument("--sft-lr", type=float, default=5e-5, help="warm start: learning rate")
-    parser.add_argument("--sft-threads", type=int, default=2, help="warm start: torch threads")
+    parser.add_argument("--sft-epochs", type=int, default=1, help="warm start: passes over the gold")
+    parser.add_argument("--sft-batch-size", type=int, default=8, help="warm start: trajectories per step")
+    parser.add_argument("--sft-lr", type=float, default=1e-4, help="warm start: learning rate")
+    parser.add_argument("--sft-threads", type=int, default=1, help="warm start: torch threads")
     parser.add_argument(
         "--sft-max-minutes",
         type=float,

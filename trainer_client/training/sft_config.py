@@ -80,7 +80,7 @@ class SFTConfig:
     """use at most this many trajectories"""
     max_minutes: float | None = None
     """stop training once it has run this long (the model is saved as it is then)"""
-    loss_sample: int = 64
+    loss_sample: int = 16
     """trajectories the loss before and after training is measured on (a seeded sample; 0: all)"""
 
     format: str = "hermes"
