@@ -17,9 +17,10 @@ import json
 import textwrap
 import types
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["add_dataclass_flags", "field_docs", "given_values"]
+__all__ = ["add_dataclass_flags", "config_values", "field_docs", "given_values"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
@@ -114,3 +115,28 @@ def given_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
         for field in dataclasses.fields(cls)
         if getattr(args, field.name, None) is not None
     }
+
+
+def config_values(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The fields of ``cls`` from ``--config`` (a YAML mapping), the flags given over it, and a
+    ``server`` field from the tool-server URL variable when neither set it."""
+    import os
+
+    import yaml
+
+    from trainer_client.shared import URL_ENV
+
+    values: dict[str, Any] = {}
+    if args.config:
+        path = Path(args.config).expanduser()
+        if not path.is_file():
+            raise ValueError(f"config file {path} not found")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} must hold a mapping of {cls.__name__} fields")
+        values.update(loaded)
+    values.update(given_values(args, cls))
+    has_server = any(field.name == "server" for field in dataclasses.fields(cls))
+    if has_server and "server" not in values and os.environ.get(URL_ENV):
+        values["server"] = [u for u in os.environ[URL_ENV].split(",") if u]
+    return values

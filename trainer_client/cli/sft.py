@@ -21,16 +21,15 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from trainer_client.cli.flags import add_dataclass_flags, given_values
+from trainer_client.cli.flags import add_dataclass_flags, config_values
 from trainer_client.cli.subcommands import Subcommand, register_subcommand
-from trainer_client.shared import URL_ENV, CliError
+from trainer_client.shared import CliError
 
 __all__ = ["config_from_args", "configure", "run", "sft_examples"]
 
@@ -49,22 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """An ``SFTConfig`` from ``--config`` plus the flags that were given."""
-    import yaml
-
     from trainer_client.training.sft_config import SFTConfig
 
-    values: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config).expanduser()
-        if not path.is_file():
-            raise ValueError(f"config file {path} not found")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold a mapping of SFTConfig fields")
-        values.update(loaded)
-    values.update(given_values(args, SFTConfig))
-    if "server" not in values and os.environ.get(URL_ENV):
-        values["server"] = [u for u in os.environ[URL_ENV].split(",") if u]
+    values = config_values(args, SFTConfig)
     return SFTConfig.from_dict(values)
 
 

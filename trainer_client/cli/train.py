@@ -18,14 +18,12 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from trainer_client.cli.command import Subcommand, register_subcommand
-from trainer_client.cli.flags import add_dataclass_flags, given_values
-from trainer_client.shared import URL_ENV, CliError
+from trainer_client.cli.flags import add_dataclass_flags, config_values
+from trainer_client.shared import CliError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -46,22 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> Any:
     """A ``GRPOConfig`` from ``--config`` plus the flags that were given."""
-    import yaml
-
     from trainer_client.training.config import GRPOConfig
 
-    values: dict[str, Any] = {}
-    if args.config:
-        path = Path(args.config).expanduser()
-        if not path.is_file():
-            raise ValueError(f"config file {path} not found")
-        loaded = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold a mapping of GRPOConfig fields")
-        values.update(loaded)
-    values.update(given_values(args, GRPOConfig))
-    if "server" not in values and os.environ.get(URL_ENV):
-        values["server"] = [u for u in os.environ[URL_ENV].split(",") if u]
+    values = config_values(args, GRPOConfig)
     if "train_data" not in values:
         raise ValueError("--train-data (or train_data in --config) is required")
     return GRPOConfig.from_dict(values)

@@ -187,6 +187,19 @@ def micro_batches(
 # --------------------------------------------------------------------------- advantages
 
 
+def clipped_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, step: int
+) -> float:
+    """Clip the gradients to ``max_norm`` and take the optimizer step unless their norm is not
+    finite (then the update of step ``step`` is skipped, with a warning); the norm."""
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+    if math.isfinite(grad_norm):
+        optimizer.step()
+    else:
+        logger.warning("non-finite gradient norm at step %d; update skipped", step)
+    return grad_norm
+
+
 def grpo_advantages(batch: RolloutBatch, norm_adv_by_std: bool = True) -> torch.Tensor:
     """veRL's GRPO outcome advantage: (reward - group mean) / group std, on model tokens only."""
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
@@ -561,11 +574,7 @@ class GRPOTrainer:
 
         grad_norm = 0.0
         if active:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:
-                logger.warning("non-finite gradient norm at step %d; update skipped", self.step + 1)
+            grad_norm = clipped_step(self.model, self.optimizer, cfg.max_grad_norm, self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
         self.generator.clear_prefix_cache()  # the weights changed: cached prefixes are stale

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import resource
 import shutil
@@ -30,7 +29,7 @@ import torch
 
 from trainer_client.backends.hf_prefix import prompt_prefix
 from trainer_client.backends.models import autocast, load_model, torch_dtype
-from trainer_client.training.grpo import micro_batches
+from trainer_client.training.grpo import clipped_step, micro_batches
 from trainer_client.training.logprobs import response_logprobs, shared_prefix
 from trainer_client.training.sft_config import SFTConfig
 from trainer_client.training.sft_data import SFTExample, shuffled
@@ -140,11 +139,7 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         tokens = float(sum(e.model_tokens for e in batch))
         nll, _ = self.loss_sums(batch, backward=True, scale=1.0 / max(tokens, 1.0))
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm))
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            logger.warning("non-finite gradient norm at step %d; update skipped", self.step + 1)
+        grad_norm = clipped_step(self.model, self.optimizer, cfg.max_grad_norm, self.step + 1)
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return {
