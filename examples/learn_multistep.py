@@ -69,7 +69,8 @@ def build_data(args: argparse.Namespace) -> tuple[str, Path, Path]:
         call_format=TAGGED_MULTI_CALL_FORMAT if tagged else MULTI_CALL_FORMAT, tagged_replies=tagged,
     )  # fmt: skip
     if args.warm_start:
-        write_gold(gold_script(p, rows["train"], tagged_replies=tagged), gold_path(args))
+        taught = [r for r in rows["train"] if r["extra_info"]["level"] in args.warm_start_levels]
+        write_gold(gold_script(p, taught, tagged_replies=tagged), gold_path(args))
     # held out: up to eval_size / 3 tasks of each level (the first ones of the test split)
     per_level = max(1, args.eval_size // len(LEVELS))
     test = [
@@ -236,6 +237,17 @@ def publish_levels(out: Path, name: str, command: list[str]) -> None:
     plot_levels(curves, _run.RESULTS / f"{name}.png")
 
 
+def levels_list(text: str) -> list[int]:
+    """``"1,2"`` -> ``[1, 2]``: levels of this run's pack, else an argparse error."""
+    try:
+        levels = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: levels are comma-separated numbers, e.g. 1,2") from None
+    if not levels or not set(levels) <= set(LEVELS):
+        raise argparse.ArgumentTypeError(f"{text!r}: levels among {LEVELS}")
+    return levels
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -274,6 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first a supervised warm start on the training split's gold (trainer-client sft), then GRPO "
         "from it (an existing <out>/sft/model is reused)",
+    )
+    parser.add_argument(
+        "--warm-start-levels",
+        type=levels_list,
+        default=LEVELS,
+        help="warm start: the levels whose gold it learns, e.g. 1 (GRPO then has levels 2-3 to learn "
+        "on its own); default: all",
     )
     parser.add_argument("--sft-epochs", type=int, default=1, help="warm start: passes over the gold")
     parser.add_argument("--sft-batch-size", type=int, default=8, help="warm start: trajectories per step")

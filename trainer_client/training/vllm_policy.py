@@ -25,15 +25,15 @@ import torch
 from trainer_client.backends.base import TokenOutput
 from trainer_client.backends.models import DEFAULT_MODEL, SMOLLM2_DIRNAME, resolve_model_path
 from trainer_client.backends.vllm import VLLMGenerator
-from trainer_client.backends.vllm_server import VLLMServerSettings, local_vllm_server
+from trainer_client.backends.vllm_server import VLLMServerSettings, cpu_dtype, local_vllm_server
 
 __all__ = ["SYNC_DIRNAME", "VLLMPolicyEngine", "save_for_vllm"]
 
 logger = logging.getLogger(__name__)
 
 SYNC_DIRNAME = "vllm_weights"
-# vLLM on CPU serves bfloat16: the checkpoint it reloads is written in that dtype (half the
-# bytes of float32, and no conversion on its side).
+# The checkpoint vLLM reloads is written in the dtype it serves (no conversion on its side; in
+# float32 no update smaller than bfloat16's rounding is lost); bfloat16 for a server we did not start.
 SYNC_DTYPE = torch.bfloat16
 
 
@@ -65,13 +65,19 @@ class VLLMPolicyEngine:
         default_max_tokens: int = 256,
     ) -> None:
         self._stack = contextlib.ExitStack()
+        self.sync_dtype = SYNC_DTYPE
         if url is None:
             model_dir = resolve_model_path(model_name)
             name = DEFAULT_MODEL if model_dir.name == SMOLLM2_DIRNAME else model_dir.name
-            logger.info("starting a vLLM server for %s", model_dir)
+            # bf16 where the CPU computes it, else float32 (3-4x faster than emulated bf16 on AVX2)
+            dtype = cpu_dtype()
+            logger.info("starting a vLLM server for %s in %s", model_dir, dtype)
             server = self._stack.enter_context(
-                local_vllm_server(VLLMServerSettings(model_dir, served_model_name=name, weight_sync=True))
+                local_vllm_server(
+                    VLLMServerSettings(model_dir, served_model_name=name, dtype=dtype, weight_sync=True)
+                )
             )
+            self.sync_dtype = getattr(torch, dtype)
             logger.info("vLLM ready at %s after %.0f s", server.url, server.started_s)
             url = server.url
         self.url = url
@@ -97,7 +103,7 @@ class VLLMPolicyEngine:
         if self.synced_step == step:
             return 0.0
         started = time.perf_counter()
-        await asyncio.to_thread(save_for_vllm, model, self.weights_dir)
+        await asyncio.to_thread(save_for_vllm, model, self.weights_dir, self.sync_dtype)
         saved = time.perf_counter()
         await self.generator.reload_weights(self.weights_dir)
         self.synced_step = step

@@ -279,19 +279,25 @@ def test_bad_input_gives_a_one_line_error(
         assert expected in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_out(tmp_path: Path) -> None:
-    """``learn_multistep.py --warm-start``: ``sft`` gets the GRPO run's rollout flags (so the gold is
-    spliced and cut as that run's rollouts), and ``train`` starts from the warm start's model."""
-    import argparse
+def multistep_example() -> Any:
     import importlib.util
-
-    from trainer_client.cli import sft as sft_cli
-    from trainer_client.cli import train as train_cli
 
     spec = importlib.util.spec_from_file_location("learn_multistep", REPO / "examples" / "learn_multistep.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_out(tmp_path: Path) -> None:
+    """``learn_multistep.py --warm-start``: ``sft`` gets the GRPO run's rollout flags (so the gold is
+    spliced and cut as that run's rollouts), and ``train`` starts from the warm start's model."""
+    import argparse
+
+    from trainer_client.cli import sft as sft_cli
+    from trainer_client.cli import train as train_cli
+
+    module = multistep_example()
     args = module.build_parser().parse_args(["--warm-start", "--out", str(tmp_path)])
     url, train, test = "http://127.0.0.1:1", tmp_path / "train.parquet", tmp_path / "test.parquet"
 
@@ -313,3 +319,23 @@ def test_the_multistep_examples_warm_start_replays_gold_as_its_grpo_run_rolls_ou
     assert sft.gold == str(tmp_path / "data" / "gold.jsonl") and sft.train_data == str(train)
     assert sft.held_out == str(test)
     assert grpo.model == str(tmp_path / "sft" / "model")
+
+
+def test_the_multistep_warm_start_learns_only_the_levels_it_is_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--warm-start-levels 1``: the gold file holds level-1 training tasks only (levels 2-3 are
+    left to GRPO), all of them; a level the pack does not have is a one-line argparse error."""
+    module = multistep_example()
+    args = module.build_parser().parse_args(
+        ["--warm-start", "--warm-start-levels", "1", "--out", str(tmp_path)]
+    )
+    pack_id, train, _test = module.build_data(args)
+    levels = {r.extra_info["task"]: r.extra_info["level"] for r in load_tasks(str(train))}
+    gold = [json.loads(line)["task"] for line in module.gold_path(args).read_text().splitlines()]
+    assert gold and {levels[t] for t in gold} == {1}
+    assert len(gold) == sum(level == 1 for level in levels.values())
+
+    with pytest.raises(SystemExit):
+        module.build_parser().parse_args(["--warm-start-levels", "4"])
+    assert "levels among [1, 2, 3]" in capsys.readouterr().err
