@@ -126,6 +126,7 @@ def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test
         "--seed", str(args.seed),
         "--verbose",
         *(["--max-minutes", str(args.sft_max_minutes)] if args.sft_max_minutes else []),
+        *(["--max-examples", str(args.sft_examples)] if args.sft_examples else []),
     ]  # fmt: skip
 
 
@@ -293,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=LEVELS,
         help="warm start: the levels whose gold it learns, e.g. 1 (GRPO then has levels 2-3 to learn "
         "on its own); default: all",
+    )
+    parser.add_argument(
+        "--sft-examples",
+        type=int,
+        default=None,
+        help="warm start: learn from the first N solved gold trajectories only (a short warm start leaves "
+        "GRPO room; default: all)",
     )
     parser.add_argument("--sft-epochs", type=int, default=1, help="warm start: passes over the gold")
     parser.add_argument("--sft-batch-size", type=int, default=8, help="warm start: trajectories per step")

@@ -325,12 +325,14 @@ def test_the_multistep_warm_start_learns_only_the_levels_it_is_given(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``--warm-start-levels 1``: the gold file holds level-1 training tasks only (levels 2-3 are
-    left to GRPO), all of them; a level the pack does not have is a one-line argparse error."""
+    left to GRPO), all of them; ``--sft-examples N`` caps what sft learns from; a level the pack
+    does not have is a one-line argparse error."""
     module = multistep_example()
-    args = module.build_parser().parse_args(
-        ["--warm-start", "--warm-start-levels", "1", "--out", str(tmp_path)]
-    )
-    pack_id, train, _test = module.build_data(args)
+    argv = ["--warm-start", "--warm-start-levels", "1", "--sft-examples", "32", "--out", str(tmp_path)]
+    args = module.build_parser().parse_args(argv)
+    pack_id, train, test = module.build_data(args)
+    sft = module.sft_argv(args, "http://127.0.0.1:1", pack_id, train, test)
+    assert sft[sft.index("--max-examples") + 1] == "32"
     levels = {r.extra_info["task"]: r.extra_info["level"] for r in load_tasks(str(train))}
     gold = [json.loads(line)["task"] for line in module.gold_path(args).read_text().splitlines()]
     assert gold and {levels[t] for t in gold} == {1}
