@@ -312,13 +312,25 @@ def _out_dir(argv: list[str]) -> Path | None:
     return None
 
 
+def run_relative(config: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``config`` with each path inside the run folder written as ``<out>/...`` (e.g. a warm start's
+    ``<out>/sft/model``): the published flags then compare with the defaults whatever ``--out`` was."""
+    root = out.resolve()
+    relative = {}
+    for key, value in config.items():
+        if isinstance(value, str) and value and Path(value).resolve().is_relative_to(root):
+            value = f"<out>/{Path(value).resolve().relative_to(root).as_posix()}"
+        relative[key] = value
+    return relative
+
+
 def publish(out: Path, name: str) -> None:
     """Copy the plot and a JSON of the figures to examples/results/ (committed with the README)."""
     from trainer_client.rollout.summary import summarize_run
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     summary = summarize_run(out / "metrics.jsonl")
-    summary["config"] = json.loads((out / "config.json").read_text())
+    summary["config"] = run_relative(json.loads((out / "config.json").read_text()), out)
     for key in ("server", "train_data", "eval_data", "out_dir"):
         summary["config"].pop(key, None)
     (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")

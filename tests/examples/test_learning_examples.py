@@ -82,7 +82,7 @@ def test_the_defaults_are_the_published_runs_flags(name: str) -> None:
         argv = module.train_argv(args, url, module.pack(**module.pack_arguments(args)).id, train, test)
     else:
         argv = module.train_argv(args, url, train, test)
-    config = trainer_config(argv)
+    config = module._run.run_relative(trainer_config(argv), args.out)
     published = json.loads((EXAMPLES / "results" / f"{name}.json").read_text())["config"]
     assert set(published) <= set(config), "a published setting the trainer no longer has"
     differ = {key: (value, config[key]) for key, value in published.items() if config[key] != value}
