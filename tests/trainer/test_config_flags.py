@@ -91,3 +91,19 @@ def test_a_field_type_without_a_flag_is_refused() -> None:
     add_dataclass_flags(parser, Odd, skip=["shape"])
     assert given_values(parser.parse_args([]), Odd) == {}
     assert given_values(parser.parse_args(["--name", "y"]), Odd) == {"name": "y"}
+
+
+def test_train_and_sft_document_each_shared_field_once() -> None:
+    """The policy's and the rollout's fields are ``PolicyRunConfig``'s: both commands show the same
+    doc for each, every field of ``sft`` has one, and sft keeps its own defaults."""
+    from trainer_client.training.policy_run_config import PolicyRunConfig
+    from trainer_client.training.sft_config import SFTConfig
+
+    shared = {f.name for f in dataclasses.fields(PolicyRunConfig)}
+    grpo_docs, sft_docs = field_docs(GRPOConfig), field_docs(SFTConfig)
+    assert shared <= set(grpo_docs) and shared <= set(sft_docs)
+    assert {name: grpo_docs[name] for name in shared} == {name: sft_docs[name] for name in shared}
+    assert sorted(sft_docs) == sorted(f.name for f in dataclasses.fields(SFTConfig))
+    sft = SFTConfig(gold="gold.jsonl", train_data="train.parquet")
+    assert (sft.verifier, sft.lr, sft.max_concurrency) == ("tool_use", 2e-5, 32)
+    assert GRPOConfig(train_data="t").verifier == "math_equal"

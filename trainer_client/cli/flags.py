@@ -24,19 +24,21 @@ __all__ = ["add_dataclass_flags", "config_values", "field_docs", "given_values"]
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The string literal under each field of ``cls``'s body, whitespace collapsed."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = next(node for node in tree.body if isinstance(node, ast.ClassDef)).body
-    docs = {}
-    for node, following in zip(body, body[1:], strict=False):
-        if (
-            isinstance(node, ast.AnnAssign)
-            and isinstance(node.target, ast.Name)
-            and isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            docs[node.target.id] = " ".join(following.value.value.split())
+    """The string literal under each field of ``cls``'s body, whitespace collapsed; fields of a
+    dataclass base keep the base's doc unless ``cls`` writes another."""
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        body = next(node for node in tree.body if isinstance(node, ast.ClassDef)).body
+        for node, following in zip(body, body[1:], strict=False):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[node.target.id] = " ".join(following.value.value.split())
     return docs
 
 

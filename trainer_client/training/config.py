@@ -5,38 +5,29 @@ Kept apart from ``grpo.py`` so that the command line can be built without import
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from trainer_client.rollout.types import RolloutConfig
-from trainer_client.templates.render import TOOL_SCHEMA_MODES
+from trainer_client.training.policy_run_config import PolicyRunConfig
 
 __all__ = ["GRPOConfig"]
 
 
 @dataclass
-class GRPOConfig:
-    """Every knob of a run; ``trainer-client train --help`` shows each with the text under it."""
+class GRPOConfig(PolicyRunConfig):
+    """Every knob of a run; ``trainer-client train --help`` shows each with the text under it (the
+    policy's and the rollout's in ``PolicyRunConfig``, shared with ``SFTConfig``)."""
 
     train_data: str
     """training split, veRL-format parquet (python -m tools.data build)"""
-    server: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
-    """tool server URL; repeat the flag for replicas"""
     eval_data: str | None = None
     """held-out split, veRL-format parquet"""
     out_dir: str = "runs/grpo"
     """run folder: metrics, tensorboard, plot, checkpoints"""
-    model: str = "smollm2"
-    """'smollm2' (the packaged SmolLM2-135M-Instruct) or a local HF model directory"""
-    device: str = "cpu"
-    """torch device: cpu, cuda, cuda:1, ..."""
     dtype: str = "float32"
     """compute dtype, float32 or bfloat16: the weights and AdamW stay float32 either way (bfloat16 runs
     the forward passes under torch.autocast; checkpoints are float32)"""
-    threads: int | None = None
-    """torch CPU threads (1 is fastest on a busy 2-core machine)"""
-    seed: int = 0
-    """data order and sampling seed"""
 
     steps: int = 20
     """optimizer steps in total"""
@@ -44,20 +35,8 @@ class GRPOConfig:
     """prompts per step"""
     group_size: int = 8
     """rollouts per prompt: the GRPO group"""
-    micro_batch_size: int = 8
-    """most rows in one forward/backward; gradients accumulate over micro-batches"""
-    micro_batch_tokens: int = 1024
-    """most padded tokens (beyond the prefix all rows share) in one forward/backward: the memory bound"""
-    lr: float = 1e-5
-    """AdamW learning rate"""
-    weight_decay: float = 0.0
-    """AdamW weight decay"""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas"""
-    warmup_steps: int = 0
-    """linear learning-rate warm-up steps"""
-    max_grad_norm: float = 1.0
-    """gradient clipping norm"""
 
     clip_ratio: float = 0.2
     """PPO clip ratio"""
@@ -74,23 +53,6 @@ class GRPOConfig:
     entropy_coeff: float = 0.0
     """entropy bonus coefficient"""
 
-    format: str = "hermes"
-    """tool-call format: hermes, search_r1, llama3_json, pythonic"""
-    toolset: str | None = None
-    """server toolset the model may use"""
-    tool_schemas: str = "auto"
-    """tool schemas through the chat template: auto (where the template renders them and the
-    prompt does not name the tools), server (always), none"""
-    max_turns: int = 4
-    """assistant turns per trajectory"""
-    max_calls_per_turn: int = 4
-    """tool calls run per turn"""
-    max_obs_tokens: int = 128
-    """tokens one observation turn may add"""
-    response_length: int = 384
-    """response tokens per trajectory, model and tools together"""
-    max_tokens_per_turn: int = 128
-    """tokens one generation turn may produce"""
     user_tool: str = "llm"
     """server tool playing the simulated user of rows with a user scenario (extra_info.user_sim)"""
     max_user_turns: int = 10
@@ -99,12 +61,6 @@ class GRPOConfig:
     """sampling temperature of training rollouts"""
     top_p: float = 1.0
     """nucleus sampling of training rollouts"""
-    verifier: str = "math_equal"
-    """server verifier giving the reward"""
-    verifier_arguments: dict[str, Any] = field(default_factory=dict)
-    """verifier arguments as JSON"""
-    max_concurrency: int = 64
-    """trajectories in flight at once"""
     generation_batch_size: int = 32
     """rows decoded together"""
     engine: str = "hf"
@@ -157,17 +113,9 @@ class GRPOConfig:
     """stop training once the run is this old (then evaluate)"""
 
     def __post_init__(self) -> None:
-        if isinstance(self.server, str):
-            self.server = [self.server]
+        super().__post_init__()
         self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in (
-            "steps",
-            "prompts_per_step",
-            "group_size",
-            "micro_batch_size",
-            "max_turns",
-            "response_length",
-        ):
+        for name in ("steps", "prompts_per_step", "group_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GRPOConfig.{name} must be a positive integer, got {value!r}")
@@ -175,8 +123,6 @@ class GRPOConfig:
             raise ValueError(
                 "GRPOConfig.group_size must be at least 2: GRPO normalizes rewards within a group"
             )
-        if self.lr <= 0:
-            raise ValueError(f"GRPOConfig.lr must be positive, got {self.lr}")
         if self.kl_coef < 0 or self.entropy_coeff < 0:
             raise ValueError("kl_coef and entropy_coeff must not be negative")
         if self.eval_every < 0 or self.save_every < 0:
@@ -194,10 +140,6 @@ class GRPOConfig:
             raise ValueError(f"GRPOConfig.curriculum_window must be at least 1, got {self.curriculum_window}")
         if self.engine not in ("hf", "vllm"):
             raise ValueError(f"GRPOConfig.engine must be hf or vllm, got {self.engine!r}")
-        if self.tool_schemas not in TOOL_SCHEMA_MODES:
-            raise ValueError(
-                f"GRPOConfig.tool_schemas must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {self.tool_schemas!r}"
-            )
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> GRPOConfig:
