@@ -54,6 +54,8 @@ def add_schedule_options(
     eval_samples: int = 1,
     max_minutes: float | None = None,
     prompts_per_step: int = 8,
+    steps: int = 40,
+    group_size: int = 6,
     lr: float = 2e-5,
     engine: str = "hf",
 ) -> argparse.ArgumentParser:
@@ -66,9 +68,9 @@ def add_schedule_options(
         default=None,
         help="the tool server's port (default: a free one, printed at the start)",
     )
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--prompts-per-step", type=int, default=prompts_per_step)
-    parser.add_argument("--group-size", type=int, default=6)
+    parser.add_argument("--group-size", type=int, default=group_size)
     parser.add_argument("--micro-batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=lr)
     parser.add_argument(

@@ -1,8 +1,9 @@
 """The multi-step learning run: GRPO teaches SmolLM2-135M tasks that need one, two or chained calls.
 
     make vllm                                                            # once: .venv-vllm
-    .venv/bin/python examples/learn_multistep.py                         # the published run (~55 min)
+    .venv/bin/python examples/learn_multistep.py                         # the published run (~60 min)
     .venv/bin/python examples/learn_multistep.py --pilot                 # 3 steps
+    .venv/bin/python examples/learn_multistep.py --no-warm-start ...     # GRPO alone (flags in README)
     .venv/bin/python examples/learn_multistep.py --engine hf ...         # generation in process (~4x slower)
 
 What it does (issue 29; examples/learn_environment.py is the one-call run it extends):
@@ -19,10 +20,10 @@ What it does (issue 29; examples/learn_environment.py is the one-call run it ext
    levels below; reward ``tool_use`` in train mode with the verifier's default weights
    (per-call credit; no shortcut pays, tests/verifiers/test_tool_use_shortcuts.py);
    held-out success ``tool_use`` eval mode == 1.0, overall and per level;
-   With ``--warm-start``, first ``trainer-client sft`` (printed too): the training split's gold
-   turns (``tools.data.gold``, in the prompt's own call and reply format) replayed against the
-   server and learned (model tokens only), then GRPO from ``<out>/sft/model``: its evaluation
-   before step 1 gives the warm start's own figures;
+   First (unless ``--no-warm-start``) a short warm start, ``trainer-client sft`` (printed too): the
+   gold turns of the first ``--sft-examples`` training tasks (``tools.data.gold``, in the prompt's
+   own call and reply format) replayed against the server and learned (model tokens only), then
+   GRPO from ``<out>/sft/model``: its evaluation before step 1 gives the warm start's own figures;
 4. with ``--publish NAME``: ``examples/results/NAME.json`` (the run's summary, per-level
    curves, the mean step time split, the command) and ``NAME.png`` (held-out success per
    level, training success per level and the curriculum's frontier).
@@ -253,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The script's options; their defaults are the published run's flags."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     _run.add_schedule_options(
-        parser, out="learn_multistep", temperature=0.5, eval_size=45, eval_every=0, threads=1,
-        max_minutes=80, prompts_per_step=6, lr=1e-5, engine="vllm",
+        parser, out="learn_multistep", temperature=0.8, eval_size=48, eval_every=6, threads=2,
+        max_minutes=45, prompts_per_step=6, lr=1e-5, engine="vllm", steps=60, group_size=8,
     )  # fmt: skip
     parser.add_argument("--world", default="bank", choices=("shop", "library", "bank", "calendar"))
     parser.add_argument("--tasks", type=int, default=360, help="tasks in the pack (levels 1-3, a third each)")
@@ -278,15 +279,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--reply-format",
         choices=("mixed", "tagged"),
-        default="mixed",
+        default="tagged",
         help="how the prompt asks for the final reply: mixed (<answer> after a question, Done. after "
         "a change) or tagged (always <answer>...</answer>)",
     )
     parser.add_argument(
         "--warm-start",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="first a supervised warm start on the training split's gold (trainer-client sft), then GRPO "
-        "from it (an existing <out>/sft/model is reused)",
+        "from it (an existing <out>/sft/model is reused); --no-warm-start: GRPO from the packaged model",
     )
     parser.add_argument(
         "--warm-start-levels",
@@ -298,9 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sft-examples",
         type=int,
-        default=None,
-        help="warm start: learn from the first N solved gold trajectories only (a short warm start leaves "
-        "GRPO room; default: all)",
+        default=64,
+        help="warm start: learn from the first N solved gold trajectories of the training split (a short "
+        "warm start leaves GRPO room; 0: all)",
     )
     parser.add_argument("--sft-epochs", type=int, default=1, help="warm start: passes over the gold")
     parser.add_argument("--sft-batch-size", type=int, default=8, help="warm start: trajectories per step")
