@@ -156,20 +156,11 @@ class GRPOConfig(PolicyRunConfig):
         verifier, arguments = self.verifier, self.verifier_arguments
         if eval_mode and self.eval_verifier is not None:
             verifier, arguments = self.eval_verifier, self.eval_verifier_arguments or {}
-        return RolloutConfig(
-            format=self.format,
-            max_turns=self.max_turns,
-            max_calls_per_turn=self.max_calls_per_turn,
-            max_obs_tokens=self.max_obs_tokens,
-            response_length=self.response_length,
-            sampling_params={
-                "temperature": temperature,
-                "top_p": 1.0 if eval_mode else self.top_p,
-                "max_tokens": self.max_tokens_per_turn,
-            },
-            toolset=self.toolset,
-            verifier=verifier,
-            verifier_arguments=dict(arguments),
-            user_tool=self.user_tool,
-            max_user_turns=self.max_user_turns,
+        sampling = {
+            "temperature": temperature,
+            "top_p": 1.0 if eval_mode else self.top_p,
+            "max_tokens": self.max_tokens_per_turn,
+        }
+        return self.rollout_shape(
+            sampling, verifier, arguments, user_tool=self.user_tool, max_user_turns=self.max_user_turns
         )

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer_client.rollout.types import RolloutConfig
 from trainer_client.templates.render import TOOL_SCHEMA_MODES
 
 __all__ = ["PolicyRunConfig"]
@@ -83,3 +84,21 @@ class PolicyRunConfig:
             raise ValueError(
                 f"{name}.tool_schemas must be one of {', '.join(TOOL_SCHEMA_MODES)}, got {self.tool_schemas!r}"
             )
+
+    def rollout_shape(
+        self, sampling_params: dict[str, Any], verifier: str, arguments: dict[str, Any], **extra: Any
+    ) -> RolloutConfig:
+        """The ``RolloutConfig`` of these fields with ``sampling_params`` and the verifier given (and
+        ``extra`` RolloutConfig fields): the one place both commands build a rollout from."""
+        return RolloutConfig(
+            format=self.format,
+            max_turns=self.max_turns,
+            max_calls_per_turn=self.max_calls_per_turn,
+            max_obs_tokens=self.max_obs_tokens,
+            response_length=self.response_length,
+            sampling_params=sampling_params,
+            toolset=self.toolset,
+            verifier=verifier,
+            verifier_arguments=dict(arguments),
+            **extra,
+        )

@@ -94,14 +94,5 @@ class SFTConfig(PolicyRunConfig):
 
     def rollout_config(self) -> RolloutConfig:
         """The rollout the gold turns are replayed in (GRPOConfig.rollout_config's shape)."""
-        return RolloutConfig(
-            format=self.format,
-            max_turns=self.max_turns,
-            max_calls_per_turn=self.max_calls_per_turn,
-            max_obs_tokens=self.max_obs_tokens,
-            response_length=self.response_length,
-            sampling_params={"temperature": 0.0, "top_p": 1.0, "max_tokens": self.max_tokens_per_turn},
-            toolset=self.toolset,
-            verifier=self.verifier,
-            verifier_arguments=dict(self.verifier_arguments),
-        )
+        greedy = {"temperature": 0.0, "top_p": 1.0, "max_tokens": self.max_tokens_per_turn}
+        return self.rollout_shape(greedy, self.verifier, self.verifier_arguments)
