@@ -98,9 +98,10 @@ demo: setup
 # tests (tests/engines: one shared vLLM server, ~5-10 min and ~3.8 GB of memory on a 2-core
 # machine); TOOLFACTORY_REQUIRE_TRAINER/VLLM=1 make a missing or broken component of the set-up a
 # failure, not a skip (tests/support/require.py), and -rs lists every skip. The tests run on
-# TEST_WORKERS pytest-xdist workers (one per core), one torch thread each; tests that share an
-# expensive fixture run on one worker (tests/support/xdist_groups.py); pytest-timeout limits grow
-# with the machine's load (tests/support/timeouts.py). `make test-engines` runs only tests/engines.
+# TEST_WORKERS pytest-xdist workers (auto: one more than the cores where memory allows, 6 GB
+# each), one torch thread each; tests that share an expensive fixture run on one worker, the long
+# units start first (tests/support/xdist_groups.py); pytest-timeout limits grow with the
+# machine's load (tests/support/timeouts.py). `make test-engines` runs only tests/engines.
 TEST_WORKERS ?= auto
 test: setup vllm
 	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=30

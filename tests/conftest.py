@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,9 @@ if xdist_groups.LoadGroupScheduling is not None:  # a hook pytest only knows wit
         if config.getvalue("dist") == "loadgroup":  # other modes: xdist's own
             return xdist_groups.ModuleOrGroupScheduling(config, log)
         return None
+
+    def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+        return xdist_groups.auto_workers(len(os.sched_getaffinity(0)), xdist_groups.available_gb())
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.support.timeouts import FLOOR, timeout_scale
-from tests.support.xdist_groups import group_of, module_or_group
+from tests.support.xdist_groups import GB_PER_WORKER, auto_workers, group_of, longest_first, module_or_group
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,6 +104,12 @@ def test_tests_sharing_an_expensive_fixture_share_a_worker() -> None:
         group_of(item("tests/engines/test_tau2_dual.py::test_b")),  # starts its own: never two at once
     }
     assert vllm == {"vllm-server"}
+    # veRL's runs bring their own Ray cluster and replica: never two at once, but beside the server
+    verl = {
+        group_of(item("tests/engines/test_verl_trainer_cpu.py::test_a")),
+        group_of(item("tests/engines/test_verl_replica.py::test_b")),
+    }
+    assert verl == {"verl-ray"}
     demo = {
         group_of(item("tests/trainer/test_demo.py::test_quick_demo_end_to_end", "quick_demo")),
         group_of(item("tests/workbench/test_demo_rollout.py::test_c", "open_page", "quick_demo")),
@@ -114,3 +120,44 @@ def test_tests_sharing_an_expensive_fixture_share_a_worker() -> None:
     assert group_of(item("tests/server/test_schema.py::test_d[1]", "server")) is None
     assert module_or_group("tests/server/test_schema.py::Case::test_d[a@b]") == "tests/server/test_schema.py"
     assert module_or_group("tests/engines/test_tau2_dual.py::test_b@vllm-server") == "vllm-server"
+
+
+INNER_SCHEDULING_CONFTEST = """
+import os
+from tests.support import xdist_groups
+
+if os.environ.get("LONG"):
+    xdist_groups.LONG_UNITS = {os.environ["LONG"]: 100}
+
+def pytest_xdist_make_scheduler(config, log):
+    return xdist_groups.ModuleOrGroupScheduling(config, log)
+"""
+
+
+def inner_order(tmp_path: Path, long: str) -> list[str]:
+    """The modules one xdist worker ran, in order, with ``long`` (if any) the one long unit."""
+    (tmp_path / "conftest.py").write_text(INNER_SCHEDULING_CONFTEST)
+    (tmp_path / "test_many.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(5)))
+    (tmp_path / "test_long.py").write_text("def test_long():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LONG": long}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "1", "--dist", "loadgroup"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    ran = re.findall(r"PASSED (test_\w+)\.py", done.stdout)
+    return list(dict.fromkeys(ran))
+
+
+def test_a_long_unit_starts_first_whatever_its_test_count(tmp_path: Path) -> None:
+    assert inner_order(tmp_path, long="") == ["test_many", "test_long"]  # xdist's own: most tests first
+    assert inner_order(tmp_path, long="test_long.py") == ["test_long", "test_many"]
+    assert longest_first(["a.py", "vllm-server", "tests/test_gpu_check.py", "b.py"]) == [
+        "vllm-server", "tests/test_gpu_check.py", "a.py", "b.py",
+    ]  # fmt: skip
+
+
+def test_auto_starts_a_worker_more_than_the_cores_where_memory_allows() -> None:
+    assert auto_workers(2, available_gb=3 * GB_PER_WORKER) == 3
+    assert auto_workers(2, available_gb=3 * GB_PER_WORKER - 1) == 2  # no more than xdist's own
+    assert auto_workers(1, available_gb=64) == 2
