@@ -1,7 +1,7 @@
 """Bytes of calls admitted and not yet answered are bounded per connection, per token and in all
 (tool_server/api/queued_bytes.py), against a real server: past a bound a body is refused whole
 as ``overloaded`` (a result per call on a stream, 429 on HTTP), and the room comes back once the
-calls are answered.
+calls are answered. ``/v1/verify`` takes its room from the same bounds.
 
 The calls wait at a gate (tests/support/gate_tools.py) the test opens itself: nothing here
 depends on timing.
@@ -38,7 +38,8 @@ DEADLINE_S = 60.0
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
     tools = [*BASE_TOOLS, {"target": "tests.support.gate_tools:gated", "toolsets": ["test"]}]
-    config = server_config(tools=tools, limits=LIMITS)
+    verifiers = [{"target": "tools.verifiers.format:format_check"}]
+    config = server_config(tools=tools, verifiers=verifiers, limits=LIMITS)
     with running_server(config, env={"TOOLFACTORY_TOKENS": f"{TOKEN_A},{TOKEN_B}"}) as srv:
         yield srv
 
@@ -108,6 +109,39 @@ async def test_queued_bytes_are_bounded_per_connection_per_token_and_in_all(
         assert result["error"] is None
         again = await post.post("/v1/calls", content=gated_body(gate, 31_000), headers=headers_b)
         assert again.status_code == 200
+
+
+async def test_verify_requests_take_their_room_from_the_same_bounds(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    gate = tmp_path / "gate"
+    verify = orjson.dumps({"requests": [{"verifier": "format", "response": "x" * 20_000}]})
+    headers = {
+        token: {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        for token in (TOKEN_A, TOKEN_B)
+    }
+    post = httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S)
+    async with stream(server, TOKEN_A) as a1, stream(server, TOKEN_A) as a2, post:
+        for ws, frames in ((a1, 3), (a2, 1)):  # 80 KiB of token A's 96 KiB wait at the gate
+            for _ in range(frames):
+                await ws.send(gated_body(gate, 20_000))
+        await calls_started(gate, 4)
+        over = await post.post("/v1/verify", content=verify, headers=headers[TOKEN_A])
+        assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
+        error = over.json()["error"]
+        assert error["kind"] == "overloaded" and "limits.max_queued_bytes_per_tenant" in error["message"]
+        other = await post.post("/v1/verify", content=verify, headers=headers[TOKEN_B])
+        assert other.status_code == 200, other.text  # another token's room is its own
+
+        gate.touch()
+        for ws, count in ((a1, 3), (a2, 1)):
+            for _ in range(count):
+                (result,) = await next_results(ws)
+                assert result["error"] is None, result
+        again = await post.post("/v1/verify", content=verify, headers=headers[TOKEN_A])
+        assert again.status_code == 200, again.text
+        (verified,) = again.json()["results"]
+        assert not verified["is_error"], verified
 
 
 def test_a_bound_below_the_request_size_is_a_config_error() -> None:
