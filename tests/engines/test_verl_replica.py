@@ -15,9 +15,7 @@ own (float32) forward on that layout, within the bfloat16 tolerance of the agree
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import kill_group
 from tests.support.require import require, require_vllm
 from tests.support.server import REPO, running_server
 
@@ -133,20 +132,12 @@ def replica_output(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         try:
             output, _ = child.communicate(timeout=2100)
         finally:
-            with_group_stopped(child)
+            kill_group(child)
     assert child.returncode == 0, output[-6000:]
     result = torch.load(work / "out.pt", weights_only=False)
     result["rows"] = spec["rows"]
     result["log"] = output
     return result
-
-
-def with_group_stopped(child: subprocess.Popen[str]) -> None:
-    if child.poll() is None:
-        child.kill()
-        child.wait(30)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
 
 
 def test_verl_layout_and_in_loop_rewards(replica_output: dict[str, Any]) -> None:

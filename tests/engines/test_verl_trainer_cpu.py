@@ -19,11 +19,9 @@ the tests check that the loop closes:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.processes import kill_group
 from tests.support.require import require, require_vllm
 from tests.support.server import REPO, running_server
 
@@ -93,7 +92,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         try:
             output, _ = child.communicate(timeout=2100)
         finally:
-            stop_group(child)
+            kill_group(child)
             shutil.rmtree(short_tmp, ignore_errors=True)
     assert child.returncode == 0, output[-8000:]
     return {
@@ -101,14 +100,6 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "batches": [torch.load(probe / f"batch_step{s}.pt", weights_only=False) for s in range(1, STEPS + 1)],
         "syncs": [torch.load(probe / f"sync_step{s}.pt", weights_only=False) for s in range(STEPS + 1)],
     }
-
-
-def stop_group(child: subprocess.Popen[str]) -> None:
-    if child.poll() is None:
-        child.kill()
-        child.wait(30)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(child.pid, signal.SIGKILL)
 
 
 def test_two_grpo_steps_ran_through_verls_trainer(trained: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-__all__ = ["RunningProcess", "started", "with_default_sigint"]
+__all__ = ["RunningProcess", "kill_group", "started", "with_default_sigint"]
 
 # A test runner started in the background (a non-interactive shell's `&`, as CI and scripts
 # do) ignores SIGINT, and its children inherit that: Ctrl-C would never reach them.
@@ -53,6 +54,16 @@ class RunningProcess:
 
 
 @contextlib.contextmanager
+def kill_group(child: subprocess.Popen[str]) -> None:
+    """Kill ``child`` and every process of its session (``start_new_session=True``): what a
+    run leaves behind (Ray's daemons, vLLM's engine) goes with it."""
+    if child.poll() is None:
+        child.kill()
+        child.wait(30)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
+
+
 def started(
     cmd: Sequence[str],
     *,
