@@ -103,7 +103,8 @@ demo: setup
 # units start first (tests/support/xdist_groups.py); pytest-timeout limits grow with the
 # machine's load (tests/support/timeouts.py). `make test-engines` runs only tests/engines.
 TEST_WORKERS ?= auto
-test: setup vllm
+test:
+	$(MAKE) --no-print-directory -j2 setup vllm  # the two environments install side by side (~2 min each)
 	TOOLFACTORY_REQUIRE_TRAINER=1 TOOLFACTORY_REQUIRE_VLLM=1 OMP_NUM_THREADS=1 $(PY) -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --durations=30
 
 test-engines: setup vllm
