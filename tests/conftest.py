@@ -20,9 +20,14 @@ def quick_demo(tmp_path_factory: pytest.TempPathFactory) -> QuickDemo:
     return run_quick_demo(tmp_path_factory.mktemp("quick-demo") / "demo")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    xdist_groups.mark_groups(items)  # tests that share an expensive fixture run on one xdist worker
+    # a test that shares an expensive fixture must lie where the scheduler keeps its group together
+    misplaced = xdist_groups.misplaced(items)
+    if misplaced:
+        raise pytest.UsageError(
+            "tests that use a shared fixture outside its group's paths (add them to SHARED_PATHS in "
+            "tests/support/xdist_groups.py): " + "; ".join(misplaced)
+        )
 
 
 if xdist_groups.LoadGroupScheduling is not None:  # a hook pytest only knows with xdist installed

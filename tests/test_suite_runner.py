@@ -17,8 +17,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.support import xdist_groups
 from tests.support.timeouts import FLOOR, timeout_scale
-from tests.support.xdist_groups import GB_PER_WORKER, auto_workers, group_of, longest_first, module_or_group
+from tests.support.xdist_groups import GB_PER_WORKER, auto_workers, longest_first, unit_of
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,36 +99,42 @@ def item(nodeid: str, *fixtures: str) -> SimpleNamespace:
     return SimpleNamespace(nodeid=nodeid, fixturenames=list(fixtures))
 
 
-def test_tests_sharing_an_expensive_fixture_share_a_worker() -> None:
+def test_tests_sharing_an_expensive_fixture_share_a_unit_of_work() -> None:
     vllm = {
-        group_of(item("tests/engines/test_vllm_backend.py::test_a", "vllm_server")),
-        group_of(item("tests/engines/test_tau2_dual.py::test_b")),  # starts its own: never two at once
+        unit_of("tests/engines/test_vllm_backend.py::test_a"),
+        unit_of("tests/engines/test_tau2_dual.py::test_b"),  # starts its own: never two at once
     }
     assert vllm == {"vllm-server"}
     # veRL's runs bring their own Ray cluster and replica: never two at once, but beside the server
     verl = {
-        group_of(item("tests/engines/test_verl_trainer_cpu.py::test_a")),
-        group_of(item("tests/engines/test_verl_replica.py::test_b")),
+        unit_of("tests/engines/test_verl_trainer_cpu.py::test_a"),
+        unit_of("tests/engines/test_verl_replica.py::b"),
     }
     assert verl == {"verl-ray"}
     demo = {
-        group_of(item("tests/trainer/test_demo.py::test_quick_demo_end_to_end", "quick_demo")),
-        group_of(item("tests/workbench/test_demo_rollout.py::test_c", "open_page", "quick_demo")),
+        unit_of("tests/trainer/test_demo.py::test_quick_demo_end_to_end"),
+        unit_of("tests/workbench/test_demo_rollout.py::test_c"),
     }
     assert demo == {"quick-demo"}
-    # any other test is left unmarked (its id stays as it is) and the scheduler keeps it with its
-    # module, whose module-scoped server then starts once
-    assert group_of(item("tests/server/test_schema.py::test_d[1]", "server")) is None
-    assert module_or_group("tests/server/test_schema.py::Case::test_d[a@b]") == "tests/server/test_schema.py"
-    assert module_or_group("tests/engines/test_tau2_dual.py::test_b@vllm-server") == "vllm-server"
+    # any other test goes with its module, whose module-scoped server then starts once
+    assert unit_of("tests/server/test_schema.py::Case::test_d[a@b]") == "tests/server/test_schema.py"
+    assert unit_of("tests/deploy/test_image.py::test_e@container-image") == "container-image"
+    # a test that uses a shared fixture outside its group's paths is named (collection stops)
+    assert xdist_groups.misplaced(
+        [
+            item("tests/engines/test_vllm_backend.py::test_a", "vllm_server", "tmp_path"),
+            item("tests/workbench/test_demo_rollout.py::test_c", "open_page", "quick_demo"),
+            item("tests/trainer/test_new.py::test_f", "vllm_server"),
+        ]
+    ) == ["tests/trainer/test_new.py::test_f uses vllm_server"]
 
 
 INNER_SCHEDULING_CONFTEST = """
 import os
 from tests.support import xdist_groups
 
-if os.environ.get("LONG"):
-    xdist_groups.LONG_UNITS = {os.environ["LONG"]: 100}
+xdist_groups.LONG_UNITS = {os.environ["LONG"]: 100} if os.environ.get("LONG") else {}
+xdist_groups.SHARED_PATHS = {"test_g": "g"}  # test_g1.py and test_g2.py
 
 def pytest_xdist_make_scheduler(config, log):
     return xdist_groups.ModuleOrGroupScheduling(config, log)
@@ -155,6 +162,22 @@ def test_a_long_unit_starts_first_whatever_its_test_count(tmp_path: Path) -> Non
     assert longest_first(["a.py", "vllm-server", "tests/test_gpu_check.py", "b.py"]) == [
         "vllm-server", "tests/test_gpu_check.py", "a.py", "b.py",
     ]  # fmt: skip
+
+
+def test_a_groups_modules_run_on_one_worker(tmp_path: Path) -> None:
+    """The two largest modules, one group by path: on two workers both run on one (as modules,
+    the first two units, they would go one to each worker)."""
+    (tmp_path / "conftest.py").write_text(INNER_SCHEDULING_CONFTEST)
+    for name, count in (("test_g1", 5), ("test_g2", 5), ("test_x1", 1), ("test_x2", 1)):
+        (tmp_path / f"{name}.py").write_text("".join(f"def test_{i}():\n    pass\n" for i in range(count)))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LONG": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    workers = set(re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED test_g\d\.py", done.stdout))
+    assert len(workers) == 1, done.stdout
 
 
 def test_auto_starts_a_worker_more_than_the_cores_where_memory_allows() -> None:

@@ -53,7 +53,6 @@ class RunningProcess:
         return "".join(self.log)
 
 
-@contextlib.contextmanager
 def kill_group(child: subprocess.Popen[str]) -> None:
     """Kill ``child`` and every process of its session (``start_new_session=True``): what a
     run leaves behind (Ray's daemons, vLLM's engine) goes with it."""
@@ -64,6 +63,7 @@ def kill_group(child: subprocess.Popen[str]) -> None:
         os.killpg(child.pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
 def started(
     cmd: Sequence[str],
     *,

@@ -3,62 +3,70 @@
 A fixture wider than a module is built once per worker that runs a test needing it, so the tests
 that share an expensive one go to one worker: every test of ``tests/engines`` (one vLLM server,
 ~3.5 GB and 30 s to minutes to start; the modules that start their own servers then never run
-two at once) and every test of the quick demo (SmolLM2 rollouts, ~40 s) get an ``xdist_group``
-mark; veRL's two runs with their own Ray cluster and vLLM replica form a group of their own, so
-they never run beside each other but may beside the shared server. Every other test stays with
-its module (``ModuleOrGroupScheduling``), so a module-scoped server starts once, and its id
-stays the plain one (xdist appends ``@group`` to a marked test's).
+two at once) and the quick demo's two modules (SmolLM2 rollouts, ~40 s); veRL's two runs with
+their own Ray cluster and vLLM replica form a group of their own, so they never run beside each
+other but may beside the shared server. Every other test stays with its module, so a
+module-scoped server starts once.
+
+The groups go by path (``SHARED_PATHS``), read from the node id by the scheduler
+(``ModuleOrGroupScheduling``). Not by xdist's ``xdist_group`` marks: xdist 3.8 carries a mark to
+the scheduler as an ``@group`` suffix of the node id, which pytest 9.2's node ids no longer take
+(pytest-xdist#1386): the marks were silently ignored, and each worker that ran an engine test
+started its own vLLM server. A test that uses a shared fixture outside its group's paths stops
+the run at collection (``misplaced``).
 
 The units start longest first (``LONG_UNITS``), so that no long one is left for the end while
 the other workers idle; ``auto_workers`` says how many workers ``-n auto`` starts.
 
 A new session- or package-scoped fixture that costs more than a few seconds belongs in
-``SHARED_FIXTURES`` (or its path in ``SHARED_PATHS``); a module that takes more than ~30 s,
-in ``LONG_UNITS``.
+``SHARED_FIXTURES`` with its group's paths in ``SHARED_PATHS``; a module that takes more than
+~30 s, in ``LONG_UNITS``.
 """
 
 from __future__ import annotations
 
 import os
-
-import pytest
+from collections.abc import Iterable
+from typing import Any
 
 # module or folder (relative to the repository root, '/'-separated) -> group; the first match wins
 SHARED_PATHS = {
     "tests/engines/test_verl_trainer_cpu.py": "verl-ray",
     "tests/engines/test_verl_replica.py": "verl-ray",
     "tests/engines/": "vllm-server",
+    "tests/trainer/test_demo.py": "quick-demo",
+    "tests/workbench/test_demo_rollout.py": "quick-demo",
 }
-# fixture name -> group
+# fixture name -> the group whose paths hold every test that uses it
 SHARED_FIXTURES = {"vllm_server": "vllm-server", "quick_demo": "quick-demo"}
 
 
-def group_of(item: pytest.Item) -> str | None:
-    """The xdist group of ``item`` if it shares an expensive fixture, else None (its module)."""
-    path = item.nodeid.split("::", 1)[0]
+def group_of(nodeid: str) -> str | None:
+    """The group of the test ``nodeid`` by its path, else None (it goes with its module)."""
+    path = nodeid.split("::", 1)[0]
     for prefix, group in SHARED_PATHS.items():
         if path.startswith(prefix):
             return group
-    for name in getattr(item, "fixturenames", ()):
-        if name in SHARED_FIXTURES:
-            return SHARED_FIXTURES[name]
     return None
 
 
-def mark_groups(items: list[pytest.Item]) -> None:
-    """Mark the items that share an expensive fixture with its group (harmless without xdist).
-    Must run before xdist's own collection hook, which reads the marks."""
-    for item in items:
-        group = group_of(item)
-        if group is not None and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
-
-
-def module_or_group(nodeid: str) -> str:
-    """The unit of work of ``nodeid``: its ``@group`` (added by xdist for a marked test), else its module."""
+def unit_of(nodeid: str) -> str:
+    """The unit of work of ``nodeid``: its group, else its module (an ``@group`` suffix, which a
+    pytest whose node ids take it gets from an ``xdist_group`` mark, counts as a group)."""
     if nodeid.rfind("@") > nodeid.rfind("]"):  # as xdist's LoadGroupScheduling: '@' in a param id is not one
         return nodeid.rsplit("@", 1)[-1]
-    return nodeid.split("::", 1)[0]
+    return group_of(nodeid) or nodeid.split("::", 1)[0]
+
+
+def misplaced(items: Iterable[Any]) -> list[str]:
+    """The tests that use a shared fixture outside its group's paths (each worker running one
+    would build the fixture again): '<node id> uses <fixture>' each."""
+    return [
+        f"{item.nodeid} uses {name}"
+        for item in items
+        for name in getattr(item, "fixturenames", ())
+        if name in SHARED_FIXTURES and group_of(item.nodeid) != SHARED_FIXTURES[name]
+    ]
 
 
 # Seconds each long unit took (its tests summed: the loaded fresh-clone run of f43744c, load 3-4;
@@ -125,10 +133,10 @@ except ImportError:  # pytest-xdist is in the dev extra; without it the suite ru
 else:
 
     class ModuleOrGroupScheduling(LoadGroupScheduling):
-        """``--dist loadgroup`` whose unmarked tests go by module (xdist's goes test by test)."""
+        """``--dist loadgroup`` by ``unit_of``: a group or a module (xdist's goes test by test)."""
 
         def _split_scope(self, nodeid: str) -> str:
-            return module_or_group(nodeid)
+            return unit_of(nodeid)
 
         def _assign_work_unit(self, node: object) -> None:
             # the long units first, so that none makes the tail (xdist's order is by test count)
