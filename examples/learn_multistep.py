@@ -128,6 +128,7 @@ def sft_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, test
         "--verbose",
         *(["--max-minutes", str(args.sft_max_minutes)] if args.sft_max_minutes else []),
         *(["--max-examples", str(args.sft_examples)] if args.sft_examples else []),
+        *(["--max-steps", str(args.sft_steps)] if args.sft_steps else []),
     ]  # fmt: skip
 
 
@@ -303,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=64,
         help="warm start: learn from the first N solved gold trajectories of the training split (a short "
         "warm start leaves GRPO room; 0: all)",
+    )
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=None,
+        help="warm start: stop after N optimizer steps over the gold's seeded order (e.g. --sft-examples 0 "
+        "--sft-steps 15: 120 of all the gold, the run in learn_multistep_w120.json); default: every batch",
     )
     parser.add_argument("--sft-epochs", type=int, default=1, help="warm start: passes over the gold")
     parser.add_argument("--sft-batch-size", type=int, default=8, help="warm start: trajectories per step")

@@ -75,13 +75,14 @@ class SFTTrainer:
         self.step = 0
 
     def batches(self) -> list[list[SFTExample]]:
-        """Every epoch's examples in a seeded order, ``batch_size`` at a time."""
+        """Every epoch's examples in a seeded order, ``batch_size`` at a time; the first
+        ``max_steps`` of them when set."""
         size = self.config.batch_size
         out = []
         for epoch in range(self.config.epochs):
             order = shuffled(self.examples, self.config.seed, epoch)
             out += [order[i : i + size] for i in range(0, len(order), size)]
-        return out
+        return out[: self.config.max_steps]
 
     def loss_sums(
         self, batch: Sequence[SFTExample], *, backward: bool, scale: float = 1.0

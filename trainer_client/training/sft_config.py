@@ -57,6 +57,9 @@ class SFTConfig(PolicyRunConfig):
     """trajectories per optimizer step"""
     max_examples: int | None = None
     """use at most this many trajectories"""
+    max_steps: int | None = None
+    """stop after this many optimizer steps, in the seeded order (unlike --max-minutes, the same
+    warm start on any machine)"""
     max_minutes: float | None = None
     """stop training once it has run this long (the model is saved as it is then)"""
     loss_sample: int = 16
@@ -76,8 +79,10 @@ class SFTConfig(PolicyRunConfig):
             raise ValueError("nothing to learn from: give --gold (with --train-data) or --trajectories")
         if self.gold and not self.train_data:
             raise ValueError("--gold needs --train-data: the training rows its turns are replayed on")
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "max_steps"):
             value = getattr(self, name)
+            if value is None and name == "max_steps":
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"SFTConfig.{name} must be a positive integer, got {value!r}")
         if self.export not in EXPORTS:

@@ -34,6 +34,7 @@ from trainer_client.training.sft_data import (  # noqa: E402
     examples_from_records,
     load_gold,
     replay_gold,
+    shuffled,
     verl_parquet_rows,
 )
 
@@ -203,6 +204,20 @@ def test_sft_steps_lower_the_loss_and_train_loads_the_model(env: Env, tmp_path: 
         asyncio.run(grpo.close())
 
 
+def test_max_steps_takes_the_first_batches_of_the_seeded_order(env: Env, tmp_path: Path) -> None:
+    """``--max-steps``: the same warm start on any machine (``--max-minutes`` stops where the clock
+    says): the first N batches of the epochs' seeded order."""
+    from trainer_client.training.sft import SFTTrainer
+
+    examples = examples_from_records(env.records, min_reward=1.0, source="gold")[:3]
+    config = replace(env.config, out_dir=str(tmp_path / "sft"), epochs=2, batch_size=1, max_steps=4)
+    trainer = SFTTrainer(config, examples)
+    first, second = shuffled(examples, config.seed, 0), shuffled(examples, config.seed, 1)
+    assert trainer.batches() == [[e] for e in first] + [[second[0]]]
+    with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+        replace(config, max_steps=0)
+
+
 def test_verl_parquet_export_has_verls_columns(env: Env, tmp_path: Path, smol_tokenizer: Any) -> None:
     """The export holds veRL's ``messages`` column and the token-exact ``input_ids``/``loss_mask``,
     which ``TokenSFTDataset`` hands veRL's SFT trainer as they are (veRL's own option picks it)."""
@@ -328,11 +343,12 @@ def test_the_multistep_warm_start_learns_only_the_levels_it_is_given(
     left to GRPO), all of them; ``--sft-examples N`` caps what sft learns from; a level the pack
     does not have is a one-line argparse error."""
     module = multistep_example()
-    argv = ["--warm-start", "--warm-start-levels", "1", "--sft-examples", "32", "--out", str(tmp_path)]
+    argv = ["--warm-start", "--warm-start-levels", "1", "--sft-examples", "32", "--sft-steps", "3"]
+    argv += ["--out", str(tmp_path)]
     args = module.build_parser().parse_args(argv)
     pack_id, train, test = module.build_data(args)
     sft = module.sft_argv(args, "http://127.0.0.1:1", pack_id, train, test)
-    assert sft[sft.index("--max-examples") + 1] == "32"
+    assert sft[sft.index("--max-examples") + 1] == "32" and sft[sft.index("--max-steps") + 1] == "3"
     levels = {r.extra_info["task"]: r.extra_info["level"] for r in load_tasks(str(train))}
     gold = [json.loads(line)["task"] for line in module.gold_path(args).read_text().splitlines()]
     assert gold and {levels[t] for t in gold} == {1}
