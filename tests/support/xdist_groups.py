@@ -25,9 +25,10 @@ A new session- or package-scoped fixture that costs more than a few seconds belo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
+
+import psutil
 
 # module or folder (relative to the repository root, '/'-separated) -> group; the first match wins
 SHARED_PATHS = {
@@ -114,16 +115,8 @@ def auto_workers(cores: int, available_gb: float) -> int:
 
 
 def available_gb() -> float:
-    """Memory the kernel could give without swapping (MemAvailable), in GiB; the total where
-    /proc/meminfo is missing."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    """Memory the kernel could give without swapping (MemAvailable), in GiB."""
+    return psutil.virtual_memory().available / 2**30
 
 
 try:
