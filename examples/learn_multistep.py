@@ -158,6 +158,8 @@ def train_argv(args: argparse.Namespace, url: str, pack_id: str, train: Path, te
         ]  # fmt: skip
     if args.clip_ratio_high is not None:
         argv += ["--clip-ratio-high", str(args.clip_ratio_high)]
+    if args.max_num_gen_batches > 1:
+        argv += ["--max-num-gen-batches", str(args.max_num_gen_batches)]
     if args.warm_start:
         argv += ["--model", str(sft_dir(args) / "model")]
     return argv
@@ -274,6 +276,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--sampled-eval", action="store_true", help="also evaluate at --temperature (default: greedy only)"
     )
     parser.add_argument("--clip-ratio-high", type=float, default=None, help="DAPO clip-higher (e.g. 0.28)")
+    parser.add_argument(
+        "--max-num-gen-batches",
+        type=int,
+        default=1,
+        help="DAPO dynamic sampling: roll out up to N batches a step until --prompts-per-step groups have "
+        "a reward spread (1: off)",
+    )
     parser.add_argument(
         "--weights", default=None, help="tool_use train weights as JSON (default: the verifier's)"
     )

@@ -35,6 +35,11 @@ class GRPOConfig(PolicyRunConfig):
     """prompts per step"""
     group_size: int = 8
     """rollouts per prompt: the GRPO group"""
+    max_num_gen_batches: int = 1
+    """DAPO's dynamic sampling (veRL's algorithm.filter_groups.max_num_gen_batches) when above 1: while
+    fewer than prompts_per_step groups have a reward spread, roll out another prompts_per_step prompts,
+    up to this many batches a step; the update then takes up to prompts_per_step groups with a spread
+    and drops the rest (1: one batch, every group in the update)"""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas"""
 
@@ -115,7 +120,7 @@ class GRPOConfig(PolicyRunConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.betas = (float(self.betas[0]), float(self.betas[1]))
-        for name in ("steps", "prompts_per_step", "group_size"):
+        for name in ("steps", "prompts_per_step", "group_size", "max_num_gen_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"GRPOConfig.{name} must be a positive integer, got {value!r}")

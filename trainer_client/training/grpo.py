@@ -13,7 +13,9 @@ step's time goes, per-kind figures), ``curriculum`` (which levels a step draws f
 
 1. **Rollout**: ``prompts_per_step`` prompts, each ``group_size`` times, through the
    rollout core (generate -> parse -> call tools over HTTP -> splice observations with
-   loss mask 0) on the policy itself, rewarded by the server's ``/v1/verify``.
+   loss mask 0) on the policy itself, rewarded by the server's ``/v1/verify``. With
+   ``max_num_gen_batches`` > 1 (DAPO's dynamic sampling) more prompts are rolled out while
+   fewer than ``prompts_per_step`` groups have a reward spread, and only such groups train.
 2. **Advantage**: veRL's GRPO outcome advantage, broadcast over ``response_mask``, so
    observation (tool) tokens get advantage 0.
 3. **Update**: micro-batches with gradient accumulation; rows of groups whose rewards
@@ -151,8 +153,14 @@ class RolloutBatch:
         has_signal = [len(rewards_of[int(g)]) > 1 for g in group_index]
         return cls(trajectories, np.asarray(group_index), mask, rewards, token_rewards, has_signal)
 
-    def groups_with_signal(self) -> int:
-        return len({int(g) for g, signal in zip(self.group_index, self.has_signal, strict=True) if signal})
+    def signal_groups(self) -> list[int]:
+        """The groups whose rewards differ, in order."""
+        return sorted({int(g) for g, signal in zip(self.group_index, self.has_signal, strict=True) if signal})
+
+    @classmethod
+    def of_groups(cls, trajectories: list[Trajectory], group_size: int) -> RolloutBatch:
+        """The batch of consecutive groups of ``group_size`` rows (as a step rolls them out)."""
+        return cls.build(trajectories, [i // group_size for i in range(len(trajectories))])
 
 
 def micro_batches(
@@ -439,18 +447,30 @@ class GRPOTrainer:
         await self._show_tools()
         t0, cpu0 = time.perf_counter(), time.process_time()
         sync_s = await self._sync_engine()
-        prompts = self._next_prompts()
-        tasks = [p for p in prompts for _ in range(cfg.group_size)]
-        group_index = [i for i in range(len(prompts)) for _ in range(cfg.group_size)]
         self.model.eval()
         self.generator.clear_prefix_cache()
         self.clock.reset()
-        trajectories = await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
+        prompts: list[Task] = []
+        trajectories: list[Trajectory] = []
+        for draw in range(cfg.max_num_gen_batches):  # more than one: dynamic sampling
+            drawn = self._next_prompts(draw)
+            tasks = [p for p in drawn for _ in range(cfg.group_size)]
+            trajectories += await self.train_core.run_batch(tasks, max_concurrency=cfg.max_concurrency)
+            prompts += drawn
+            spread = RolloutBatch.of_groups(trajectories, cfg.group_size).signal_groups()
+            if len(spread) >= cfg.prompts_per_step:
+                break
         phases = self.clock.split()
         phased_s = sum(phases.values())  # the rollout's wall time, split by what was in flight
         rollout_s = time.perf_counter() - t0 - sync_s
 
-        batch = RolloutBatch.build(trajectories, group_index)
+        # Dynamic sampling trains on groups with a spread only (as DAPO's filter); one batch, or
+        # none with a spread, trains on all (equal-reward rows cost nothing in the update then).
+        kept = list(range(len(prompts)))
+        if cfg.max_num_gen_batches > 1 and spread:
+            kept = spread[: cfg.prompts_per_step]
+        rows = [t for g in kept for t in trajectories[g * cfg.group_size : (g + 1) * cfg.group_size]]
+        batch = RolloutBatch.of_groups(rows, cfg.group_size)
         advantages = grpo_advantages(batch, cfg.norm_adv_by_std)
         t1 = time.perf_counter()
         update = await asyncio.to_thread(self.update, batch, advantages)
@@ -470,7 +490,9 @@ class GRPOTrainer:
             **update,
             **per_kind_stats(trajectories, cfg.success_threshold, cfg.group_size),
             **(self.curriculum.metrics() if self.curriculum is not None else {}),
-            groups_with_signal=batch.groups_with_signal(),
+            groups_with_signal=len(spread),
+            gen_batches=len(prompts) // cfg.prompts_per_step,
+            trained_groups=len(kept),
             rollout_tokens_per_s=generated / rollout_s if rollout_s > 0 else 0.0,
             tool_calls_per_s=calls / rollout_s if rollout_s > 0 else 0.0,
             **{
@@ -674,9 +696,11 @@ class GRPOTrainer:
         rng.shuffle(self.order)
         self.cursor = 0
 
-    def _next_prompts(self) -> list[Task]:
+    def _next_prompts(self, draw: int = 0) -> list[Task]:
+        """The prompts of a step's ``draw``-th rollout batch (more than one: dynamic sampling)."""
         if self.curriculum is not None:
-            rng = random.Random(f"{self.config.seed}:curriculum:{self.step}")  # the same after a resume
+            key = f"{self.config.seed}:curriculum:{self.step}" + (f":{draw}" if draw else "")
+            rng = random.Random(key)  # the same after a resume
             return [
                 self._next_of_level(level)
                 for level in self.curriculum.levels_for_step(self.config.prompts_per_step, rng)
