@@ -16,6 +16,7 @@ import socket
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ import pytest
 from mcp import Client
 
 from protocol import Call, ErrorKind, Result, new_call_id, new_session_id
+from tests.support.gate_tools import started
 from tests.support.require import require
 from tests.support.server import BASE_TOOLS, ServerProcess, running_server, server_config
 from trainer_client.client.tool_client import ToolClient
@@ -145,27 +147,44 @@ async def test_a_restarted_replica_refuses_old_sessions_instead_of_starting_them
     assert sessions_open(replica.url) == 1  # only the new session: the old id was never opened there
 
 
-async def test_released_and_expired_session_ids_are_refused_not_restarted() -> None:
+async def test_released_and_expired_session_ids_are_refused_not_restarted(tmp_path: Path) -> None:
     """A released id and one the TTL sweeper closed both get ``unknown_session`` when a
-    late call comes, not an empty notebook."""
-    config = server_config(tools=[*BASE_TOOLS, NOTEBOOK], sessions={"ttl_s": 0.5, "sweep_interval_s": 0.1})
+    late call comes, not an empty notebook; a session with a call in flight all along is kept.
+
+    No timing: the busy session's first call waits at a gate the test opens only after the
+    idle one was swept, so it is in flight however slow the machine; the TTL (5 s) only has
+    to outlast the moment between that call's end and the next call of the same batch."""
+    held = {"target": "tests.support.gate_tools:held_notebook", "toolsets": ["test"]}
+    config = server_config(
+        tools=[*BASE_TOOLS, NOTEBOOK, held], sessions={"ttl_s": 5.0, "sweep_interval_s": 0.2}
+    )
+    gate = str(tmp_path / "gate")
     with running_server(config) as server:
-        async with ToolClient(server.url, timeout_s=30, health_interval_s=0) as client:
+        # Two clients: one POST answers all its calls together, so the held call goes alone.
+        async with (
+            ToolClient(server.url, timeout_s=120, health_interval_s=0) as holder,
+            ToolClient(server.url, timeout_s=120, health_interval_s=0) as client,
+        ):
             released, idle, busy = (f"{name}-{new_session_id()}" for name in ("released", "idle", "busy"))
-            for result in await client.call_tools([notebook(s, "a") for s in (released, idle, busy)]):
-                assert result.structured["lines"] == ["a"], result
-            await client.release_session(released)
-            while sessions_open(server.url) > 1:  # the sweeper closes idle ones; busy stays in use
-                (kept,) = await client.call_tools([notebook(busy, "")])
-                assert kept.structured["lines"] == ["a"], kept
+            held_call = Call(new_call_id(), "held_notebook", {"gate": gate, "put": "a"}, busy)
+            in_flight = asyncio.create_task(holder.call_tools([held_call]))
+            for result in await client.call_tools([notebook(s, "a") for s in (released, idle)]):
+                assert result.structured and result.structured["lines"] == ["a"], result
+            while started(gate) < 1:
                 await asyncio.sleep(0.05)
-            late = await client.call_tools(
-                [notebook(released, "b"), notebook(idle, "b"), notebook(busy, "b")]
-            )
-    assert [lost(r) for r in late] == [True, True, False], late
-    for result in late[:2]:
+            await client.release_session(released)
+            while sessions_open(server.url) > 1:  # the sweeper closes the idle one; busy is in use
+                await asyncio.sleep(0.2)
+            late_calls = [notebook(released, "b"), notebook(idle, "b"), notebook(busy, "b")]
+            late = asyncio.create_task(client.call_tools(late_calls))
+            Path(gate).touch()
+            (first,) = await in_flight
+            late_results = await late
+    assert first.structured["lines"] == ["a"], first
+    assert [lost(r) for r in late_results] == [True, True, False], late_results
+    for result in late_results[:2]:
         assert "released or expired" in result.error.message
-    assert late[2].structured["lines"] == ["a", "b"]
+    assert late_results[2].structured["lines"] == ["a", "b"]
 
 
 def notebook(session: str, put: str) -> Call:
