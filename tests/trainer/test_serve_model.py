@@ -4,6 +4,7 @@ stand-in for vLLM's python records the arguments it was started with, then exits
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,14 @@ def test_cpu_dtype_reads_the_cpu_flags(tmp_path: Path) -> None:
     cpuinfo.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
     assert cpu_dtype(cpuinfo) == "bfloat16"
     assert cpu_dtype(tmp_path / "missing") == "bfloat16"  # unknown CPU: vLLM's own default
+
+
+def test_omp_threads_bind_names_the_cores_unless_the_environment_does() -> None:
+    from trainer_client.backends.vllm_server import VLLMServerSettings, cpu_list, server_env
+
+    assert cpu_list({5, 0, 1, 2}) == "0-2,5" and cpu_list([3]) == "3"
+    settings = VLLMServerSettings(Path("m"), omp_threads_bind="all")
+    assert server_env(settings, base={})["VLLM_CPU_OMP_THREADS_BIND"] == cpu_list(os.sched_getaffinity(0))
+    # the environment's own choice wins; None leaves vLLM's auto
+    assert server_env(settings, base={"VLLM_CPU_OMP_THREADS_BIND": "1"})["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in server_env(VLLMServerSettings(Path("m")), base={})

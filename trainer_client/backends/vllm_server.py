@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +77,17 @@ def cpu_dtype(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
+def cpu_list(cores: Iterable[int]) -> str:
+    """``{0, 1, 2, 5}`` -> ``"0-2,5"``: cores as vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` takes them."""
+    spans: list[list[int]] = []
+    for core in sorted(cores):
+        if spans and core == spans[-1][1] + 1:
+            spans[-1][1] = core
+        else:
+            spans.append([core, core])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
+
+
 @dataclass
 class VLLMServerSettings:
     """How to start the server; the defaults fit SmolLM2-135M on a small CPU machine."""
@@ -92,6 +103,10 @@ class VLLMServerSettings:
     weight_sync: bool = False  # the dev endpoints the trainer reloads weights through
     python: str | None = None
     extra_args: Sequence[str] = field(default_factory=tuple)
+    # VLLM_CPU_OMP_THREADS_BIND unless the environment sets it: None leaves vLLM's "auto", which
+    # keeps a core for its scheduler (on 2 cores it computes on one); "all": every core this
+    # process may run on, for a caller that leaves them to vLLM while it generates (the trainer)
+    omp_threads_bind: str | None = None
 
 
 def server_command(settings: VLLMServerSettings, port: int) -> list[str]:
@@ -133,6 +148,12 @@ def server_env(settings: VLLMServerSettings, base: dict[str, str] | None = None)
     env["PYTHONUNBUFFERED"] = "1"
     if settings.weight_sync:
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if settings.omp_threads_bind is not None and "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = (
+            cpu_list(os.sched_getaffinity(0))
+            if settings.omp_threads_bind == "all"
+            else settings.omp_threads_bind
+        )
     for name in ("PYTHONPATH", "VIRTUAL_ENV"):  # the project's venv must not leak into vLLM's
         env.pop(name, None)
     return env
