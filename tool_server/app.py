@@ -116,7 +116,7 @@ def create_app(
         WebSocketRoute("/v1/stream", stream),
         Route("/v1/stream", _stream_over_http, methods=["GET"]),
     ]
-    mcp = McpEndpoint(executor, config, bind_host) if config.mcp.enabled else None
+    mcp = McpEndpoint(executor, config, bind_host, api.queued_bytes) if config.mcp.enabled else None
     if mcp is not None:
         routes += [
             Route("/mcp", mcp.asgi, methods=["GET", "POST", "DELETE"]),

@@ -153,3 +153,68 @@ def test_a_bound_below_the_request_size_is_a_config_error() -> None:
         ConfigError, match="max_queued_bytes_per_connection .* at least limits.max_request_bytes"
     ):
         QueuedBytes(config.limits)
+
+
+def mcp_gated(gate: Path, pad: int, call_id: str) -> tuple[bytes, dict[str, str]]:
+    """A raw MCP ``tools/call`` of the gated tool (2026-07-28, stateless) and its headers."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "toolfactory/call_id": call_id,
+    }
+    params = {"name": "gated", "arguments": {"gate": str(gate), "pad": "x" * pad}, "_meta": meta}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "MCP-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "gated",
+    }
+    return orjson.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}), headers
+
+
+async def test_mcp_requests_take_their_room_from_the_same_bounds(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    """An MCP POST is held from admission until answered like a calls body: past the token's
+    share it is refused whole (429, a JSON-RPC error, Retry-After); what was admitted runs."""
+    gate = tmp_path / "gate"
+    auth = {token: {"Authorization": f"Bearer {token}"} for token in (TOKEN_A, TOKEN_B)}
+    post = httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S)
+    async with stream(server, TOKEN_A) as a1, stream(server, TOKEN_A) as a2, post:
+        for ws, frames in ((a1, 3), (a2, 1)):  # 80 KiB of token A's 96 KiB wait at the gate
+            for _ in range(frames):
+                await ws.send(gated_body(gate, 20_000))
+        await calls_started(gate, 4)
+        body, headers = mcp_gated(gate, 20_000, uuid.uuid4().hex)
+        over = await post.post("/mcp/test", content=body, headers={**headers, **auth[TOKEN_A]})
+        assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
+        assert "limits.max_queued_bytes_per_tenant" in over.json()["error"]["message"]
+        # another token's MCP call fits, and holds its room while it waits at the gate
+        body, headers = mcp_gated(gate, 20_000, uuid.uuid4().hex)
+        waiting = asyncio.create_task(
+            post.post("/mcp/test", content=body, headers={**headers, **auth[TOKEN_B]})
+        )
+        await calls_started(gate, 5)
+        over_all = await post.post(
+            "/v1/calls",
+            content=gated_body(gate, 31_000),
+            headers={**auth[TOKEN_B], "Content-Type": "application/json"},
+        )
+        assert (
+            over_all.status_code == 429 and "limits.max_queued_bytes)" in over_all.json()["error"]["message"]
+        )
+
+        gate.touch()
+        answered = await waiting
+        assert answered.status_code == 200 and answered.json()["result"]["structuredContent"]["passed"], (
+            answered.text
+        )
+        for ws, count in ((a1, 3), (a2, 1)):
+            for _ in range(count):
+                (result,) = await next_results(ws)
+                assert result["error"] is None, result
+        body, headers = mcp_gated(gate, 20_000, uuid.uuid4().hex)  # the room is back
+        again = await post.post("/mcp/test", content=body, headers={**headers, **auth[TOKEN_A]})
+        assert again.status_code == 200 and "result" in again.json(), again.text

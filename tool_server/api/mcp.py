@@ -47,8 +47,10 @@ from protocol import (
 )
 from protocol.messages import MAX_ID_LENGTH
 from tool_server.api.auth import is_loopback
+from tool_server.api.queued_bytes import QueuedBytes
 from tool_server.api.routes import caller_of, request_header
 from tool_server.config import Config
+from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
 from tool_server.executor.gc_pacing import YOUNG_BUDGET
 from tool_server.registry import ToolEntry
@@ -156,6 +158,9 @@ class _McpAsgi:
       older protocol versions the SDK takes it for a notification and answers 202 with no
       reply, so the client would wait for an answer that never comes. The body is read here
       (MCP bodies are small; the body limit applies) and handed on;
+    * a POST's body counts against the server's queued bytes (api/queued_bytes.py, shared with
+      ``/v1/calls`` and the stream) until it is answered; past a bound it is refused whole (429,
+      a JSON-RPC error, ``Retry-After``);
     * each request owes the GC pacer its share of a young collection (one every
       ``MCP_REQUESTS_PER_COLLECT`` requests): the SDK leaves ~14 objects in reference cycles per
       stateless request (its per-request runner and connection point at each other), which the
@@ -164,9 +169,11 @@ class _McpAsgi:
     One class, not one per concern: each ASGI layer cost a few microseconds a request.
     """
 
-    def __init__(self, app: ASGIApp, executor: Executor) -> None:
+    def __init__(self, app: ASGIApp, executor: Executor, queued_bytes: QueuedBytes) -> None:
         self.app = app
         self.executor = executor
+        self.queued_bytes = queued_bytes
+        self.retry_after = str(executor.config.limits.retry_after_s)
         self.registry = executor.registry
         self.sessions: SessionStore = executor.sessions
         self.pacer = executor.gc_pacer
@@ -216,7 +223,17 @@ class _McpAsgi:
             async def replay() -> Message:
                 return messages.pop(0) if messages else await receive()
 
-            await self.app(scope, replay, send)
+            # Counted as a calls body is on the other paths: from admission until answered.
+            tenant, size = (scope.get("state") or {}).get("tenant", ANONYMOUS_TENANT), len(body)
+            refused = self.queued_bytes.take(tenant, size)
+            if refused is not None:
+                self.executor.metrics.rejected.inc()
+                await send_json_rpc_error(send, 429, -32000, refused, retry_after=self.retry_after)
+                return
+            try:
+                await self.app(scope, replay, send)
+            finally:
+                self.queued_bytes.give_back(tenant, size)
         elif method == "DELETE" and (in_url or issued):
             await self._release(scope, send, in_url or issued)  # type: ignore[arg-type]
         elif method == "GET" and issued:
@@ -248,13 +265,21 @@ class _McpAsgi:
 
 
 async def send_json_rpc_error(
-    send: Send, status: int, code: int, message: str, *, allow: str | None = None
+    send: Send,
+    status: int,
+    code: int,
+    message: str,
+    *,
+    allow: str | None = None,
+    retry_after: str | None = None,
 ) -> None:
     """An HTTP error whose body MCP clients can show: a JSON-RPC error with no id."""
     payload = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     if allow is not None:
         headers.append((b"allow", allow.encode()))
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
@@ -287,7 +312,12 @@ def keeps_session_state(entry: ToolEntry) -> bool:
 
 
 class McpEndpoint:
-    def __init__(self, executor: Executor, config: Config, bind_host: str) -> None:
+    """``queued_bytes``: the server's bound on bodies admitted and not yet answered, shared with
+    the HTTP API and the stream (api/queued_bytes.py); its own when not given (tests)."""
+
+    def __init__(
+        self, executor: Executor, config: Config, bind_host: str, queued_bytes: QueuedBytes | None = None
+    ) -> None:
         self.executor = executor
         self.registry = executor.registry
         self.default_toolset = config.default_toolset
@@ -311,7 +341,8 @@ class McpEndpoint:
             security_settings=transport_security(config, bind_host),
             max_request_body_size=config.limits.max_request_bytes,
         )
-        self.asgi = _McpAsgi(StreamableHTTPASGIApp(self.session_manager), executor)
+        queued = queued_bytes if queued_bytes is not None else QueuedBytes(config.limits)
+        self.asgi = _McpAsgi(StreamableHTTPASGIApp(self.session_manager), executor, queued)
 
     def _new_call_id(self) -> str:
         # Only the client can retry with the same id, so a call without one needs an id

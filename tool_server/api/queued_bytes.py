@@ -3,7 +3,7 @@
 The executor bounds how many calls are admitted (``admission``), not how large they are: a
 client could queue 4,096 frames of 16 MiB on one stream behind a busy session, and the server
 held every one of them. Each calls body (a ``POST /v1/calls`` or ``/v1/verify`` body, a stream
-frame) is counted here by its size from when it is admitted until it is answered; one that would
+frame, an MCP ``POST``) is counted here by its size from when it is admitted until it is answered; one that would
 take a bound past its limit is refused whole as ``overloaded`` (429 + Retry-After on HTTP, an
 ``overloaded`` result per call on a stream), so a retry repeats exactly what was refused.
 
