@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import re
 import signal
 import socket
@@ -125,16 +124,17 @@ def positions(output: str, patterns: list[str]) -> list[int]:
 
 
 def test_a_tiny_run_says_what_it_does_before_the_first_evaluation_ends(tmp_path: Path) -> None:
+    """Read until the first evaluation ends, then stop the run (one Ctrl-C): what would come
+    after (a step and the end's evaluations) is not what this test is about."""
     require("verl", "the trainer (trainer extra)")
     port = free_port()
-    done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "learn_arithmetic.py"), *TINY, "--n-train", "8", "--port", str(port),
-         "--out", str(tmp_path / "run")],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=840, check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    output = done.stdout
-    assert done.returncode == 0, output[-6000:]
+    cmd = script(
+        "learn_arithmetic", *TINY, "--n-train", "8", "--port", str(port), "--out", str(tmp_path / "run")
+    )
+    with started(cmd, ready_line=r"eval at step 0: success", timeout_s=840, cwd=REPO) as process:
+        output = process.output
+        assert (tmp_path / "run" / "metrics.jsonl").is_file()
+        assert_stopped(process, port, signal.SIGINT)
     order = positions(
         output,
         [
@@ -149,7 +149,6 @@ def test_a_tiny_run_says_what_it_does_before_the_first_evaluation_ends(tmp_path:
         ],
     )
     assert order == sorted(order), f"the lines came in another order:\n{output[-6000:]}"
-    assert (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
 def assert_stopped(process: RunningProcess, port: int, signum: int) -> None:
