@@ -64,6 +64,22 @@ async def calls_started(gate: Path, count: int) -> None:
             await asyncio.sleep(0.02)
 
 
+async def hold_80_kib(a1: ClientConnection, a2: ClientConnection, gate: Path) -> None:
+    """80 KiB of token A's 96 KiB wait at the gate: three frames of 20 KiB on ``a1``, one on ``a2``."""
+    for ws, frames in ((a1, 3), (a2, 1)):
+        for _ in range(frames):
+            await ws.send(gated_body(gate, 20_000))
+    await calls_started(gate, 4)
+
+
+async def all_answered(a1: ClientConnection, a2: ClientConnection) -> None:
+    """The four calls ``hold_80_kib`` sent are answered, once the gate is open."""
+    for ws, count in ((a1, 3), (a2, 1)):
+        for _ in range(count):
+            (result,) = await next_results(ws)
+            assert result["error"] is None, result
+
+
 async def test_queued_bytes_are_bounded_per_connection_per_token_and_in_all(
     server: ServerProcess, tmp_path: Path
 ) -> None:
@@ -122,10 +138,7 @@ async def test_verify_requests_take_their_room_from_the_same_bounds(
     }
     post = httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S)
     async with stream(server, TOKEN_A) as a1, stream(server, TOKEN_A) as a2, post:
-        for ws, frames in ((a1, 3), (a2, 1)):  # 80 KiB of token A's 96 KiB wait at the gate
-            for _ in range(frames):
-                await ws.send(gated_body(gate, 20_000))
-        await calls_started(gate, 4)
+        await hold_80_kib(a1, a2, gate)
         over = await post.post("/v1/verify", content=verify, headers=headers[TOKEN_A])
         assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
         error = over.json()["error"]
@@ -134,10 +147,7 @@ async def test_verify_requests_take_their_room_from_the_same_bounds(
         assert other.status_code == 200, other.text  # another token's room is its own
 
         gate.touch()
-        for ws, count in ((a1, 3), (a2, 1)):
-            for _ in range(count):
-                (result,) = await next_results(ws)
-                assert result["error"] is None, result
+        await all_answered(a1, a2)
         again = await post.post("/v1/verify", content=verify, headers=headers[TOKEN_A])
         assert again.status_code == 200, again.text
         (verified,) = again.json()["results"]
@@ -183,10 +193,7 @@ async def test_mcp_requests_take_their_room_from_the_same_bounds(
     auth = {token: {"Authorization": f"Bearer {token}"} for token in (TOKEN_A, TOKEN_B)}
     post = httpx.AsyncClient(base_url=server.url, timeout=DEADLINE_S)
     async with stream(server, TOKEN_A) as a1, stream(server, TOKEN_A) as a2, post:
-        for ws, frames in ((a1, 3), (a2, 1)):  # 80 KiB of token A's 96 KiB wait at the gate
-            for _ in range(frames):
-                await ws.send(gated_body(gate, 20_000))
-        await calls_started(gate, 4)
+        await hold_80_kib(a1, a2, gate)
         body, headers = mcp_gated(gate, 20_000, uuid.uuid4().hex)
         over = await post.post("/mcp/test", content=body, headers={**headers, **auth[TOKEN_A]})
         assert over.status_code == 429 and over.headers["retry-after"] == "1", over.text
@@ -211,10 +218,7 @@ async def test_mcp_requests_take_their_room_from_the_same_bounds(
         assert answered.status_code == 200 and answered.json()["result"]["structuredContent"]["passed"], (
             answered.text
         )
-        for ws, count in ((a1, 3), (a2, 1)):
-            for _ in range(count):
-                (result,) = await next_results(ws)
-                assert result["error"] is None, result
+        await all_answered(a1, a2)
         body, headers = mcp_gated(gate, 20_000, uuid.uuid4().hex)  # the room is back
         again = await post.post("/mcp/test", content=body, headers={**headers, **auth[TOKEN_A]})
         assert again.status_code == 200 and "result" in again.json(), again.text
