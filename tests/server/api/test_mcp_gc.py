@@ -9,6 +9,7 @@ import anyio
 import pytest
 
 from tool_server.api.mcp import MCP_CYCLE_OBJECTS, _McpAsgi
+from tool_server.api.queued_bytes import QueuedBytes
 from tool_server.app import build_registry
 from tool_server.config import config_from_dict
 from tool_server.executor.executor import Executor
@@ -46,7 +47,7 @@ def test_requests_owe_their_cycles_and_collect_every_budget_even_when_the_app_fa
         if scope["path"] == "/boom":
             raise RuntimeError("handler failed")
 
-    wrapped = _McpAsgi(app, executor)
+    wrapped = _McpAsgi(app, executor, QueuedBytes(config.limits))
 
     def request(path: str) -> dict:
         return {"type": "http", "method": "PUT", "path": path, "headers": [], "path_params": {}}
