@@ -50,7 +50,6 @@ from tool_server.api.auth import is_loopback
 from tool_server.api.queued_bytes import QueuedBytes
 from tool_server.api.routes import caller_of, request_header
 from tool_server.config import Config
-from tool_server.executor.admission import ANONYMOUS_TENANT
 from tool_server.executor.executor import ANONYMOUS, Caller, Executor, unknown_tool_message
 from tool_server.executor.gc_pacing import YOUNG_BUDGET
 from tool_server.registry import ToolEntry
@@ -224,7 +223,7 @@ class _McpAsgi:
                 return messages.pop(0) if messages else await receive()
 
             # Counted as a calls body is on the other paths: from admission until answered.
-            tenant, size = (scope.get("state") or {}).get("tenant", ANONYMOUS_TENANT), len(body)
+            tenant, size = caller_of(scope, self.registry).tenant, len(body)
             refused = self.queued_bytes.take(tenant, size)
             if refused is not None:
                 self.executor.metrics.rejected.inc()
@@ -313,11 +312,9 @@ def keeps_session_state(entry: ToolEntry) -> bool:
 
 class McpEndpoint:
     """``queued_bytes``: the server's bound on bodies admitted and not yet answered, shared with
-    the HTTP API and the stream (api/queued_bytes.py); its own when not given (tests)."""
+    the HTTP API and the stream (api/queued_bytes.py)."""
 
-    def __init__(
-        self, executor: Executor, config: Config, bind_host: str, queued_bytes: QueuedBytes | None = None
-    ) -> None:
+    def __init__(self, executor: Executor, config: Config, bind_host: str, queued_bytes: QueuedBytes) -> None:
         self.executor = executor
         self.registry = executor.registry
         self.default_toolset = config.default_toolset
@@ -341,8 +338,7 @@ class McpEndpoint:
             security_settings=transport_security(config, bind_host),
             max_request_body_size=config.limits.max_request_bytes,
         )
-        queued = queued_bytes if queued_bytes is not None else QueuedBytes(config.limits)
-        self.asgi = _McpAsgi(StreamableHTTPASGIApp(self.session_manager), executor, queued)
+        self.asgi = _McpAsgi(StreamableHTTPASGIApp(self.session_manager), executor, queued_bytes)
 
     def _new_call_id(self) -> str:
         # Only the client can retry with the same id, so a call without one needs an id

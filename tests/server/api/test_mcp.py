@@ -110,13 +110,14 @@ def test_sdk_resolves_input_schemas_without_a_tools_list_per_call():
     # schema; without this hook it runs (and serialises) a whole tools/list to find it.
     from tests.support.server import server_config
     from tool_server.api.mcp import McpEndpoint
+    from tool_server.api.queued_bytes import QueuedBytes
     from tool_server.app import build_registry
     from tool_server.config import config_from_dict
     from tool_server.executor.executor import Executor
 
     config = config_from_dict(server_config(), environ={})
     registry = build_registry(config)
-    endpoint = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
+    endpoint = McpEndpoint(Executor(registry, config), config, "127.0.0.1", QueuedBytes(config.limits))
     lookup = endpoint.server.get_tool_input_schema
     assert lookup("echo") == registry.entries["echo"].input_schema
     assert lookup("echo")["properties"]["text"]["type"] == "string"
@@ -148,13 +149,14 @@ def test_results_convert_to_sdk_objects_for_every_block_kind():
 def test_calls_without_a_client_id_get_distinct_ids():
     from tests.support.server import server_config
     from tool_server.api.mcp import McpEndpoint
+    from tool_server.api.queued_bytes import QueuedBytes
     from tool_server.app import build_registry
     from tool_server.config import config_from_dict
     from tool_server.executor.executor import Executor
 
     config = config_from_dict(server_config(), environ={})
     registry = build_registry(config)
-    first = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
-    second = McpEndpoint(Executor(registry, config), config, "127.0.0.1")
+    first = McpEndpoint(Executor(registry, config), config, "127.0.0.1", QueuedBytes(config.limits))
+    second = McpEndpoint(Executor(registry, config), config, "127.0.0.1", QueuedBytes(config.limits))
     ids = {first._new_call_id() for _ in range(1000)} | {second._new_call_id() for _ in range(1000)}
     assert len(ids) == 2000
